@@ -1,0 +1,1 @@
+"""Building blocks (prompt generators, PHM layers, LoRA, adapters, inducer attention), each usable alone."""

@@ -1,0 +1,211 @@
+"""Run fairseq 0.12.2 (its last release) on Python 3.11+ and torch >= 2.6.
+
+This module is imported at interpreter start by ``fairseq_idpg_compat.pth``, which
+``pip install`` puts into site-packages next to it, so every process gets the fixes
+(fairseq-train, fairseq-validate, fairseq-preprocess, torchrun and spawn workers, the
+hub) with no environment variable and no edit of fairseq's files. At import it touches
+nothing but ``dataclasses`` and ``sys.meta_path``: the fixes of fairseq modules are applied
+right after those modules load (a post-import hook), so processes that never import
+fairseq pay nothing.
+
+One fix per trap, each tested in ``tests/test_compat.py``:
+
+1. ``dataclass_identity_hash``: Python 3.11 rejects a dataclass field whose default is an
+   unhashable object; fairseq's ``FairseqConfig`` uses instances of other config
+   dataclasses (``common: CommonConfig = CommonConfig()``), so ``import fairseq`` fails
+   with "mutable default ... use default_factory" (hydra-core 1.0.7, which fairseq pins,
+   does the same). Their config classes get identity ``__hash__`` (object's), which is
+   what Python 3.10 silently allowed.
+2. ``torch_load_full_pickle``: torch 2.6 made ``torch.load`` default to
+   ``weights_only=True``; fairseq checkpoints pickle ``argparse.Namespace``, omegaconf
+   containers and numpy scalars, so loading any checkpoint (``--restore-file``, resume,
+   fairseq-validate, ``from_pretrained``) fails. fairseq's checkpoint and distributed
+   code see a ``torch`` whose ``load`` defaults to ``weights_only=False`` (torch < 2.6
+   behaviour; fairseq checkpoints are trusted files, as they always were).
+3. ``bf16_without_tpu``: fairseq's option parser sets ``--tpu`` whenever ``--bf16`` is
+   given, then tries to import torch_xla. ``--bf16`` now means bf16 on the device you
+   run on; ``--tpu`` still works when asked for.
+4. ``no_fast_path_duplicates``: every ``TransformerEncoderLayer`` carries a second copy of
+   its attention and FFN weights as parameters for the "BetterTransformer" inference fast
+   path. They double checkpoint size, inflate parameter counts, and after a checkpoint
+   load the eval-mode fast path runs on them, silently bypassing any method that changes
+   the attention (LoRA, inducer, prefixes). The copies are removed and the fast path is
+   off; checkpoints that contain the copies still load.
+
+torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
+only, and the installer does not install it (the wheel fairseq's metadata pulls in does
+not load with this torch).
+"""
+import importlib.abc
+import importlib.util
+import sys
+
+_FAST_PATH_PARAMS = (
+    "in_proj_weight",
+    "in_proj_bias",
+    "out_proj_weight",
+    "out_proj_bias",
+    "fc1_weight",
+    "fc1_bias",
+    "fc2_weight",
+    "fc2_bias",
+)
+
+
+# ---------------------------------------------------------------- 1. dataclasses
+_CONFIG_PACKAGES = ("fairseq", "fairseq_cli", "hydra")  # hydra-core 1.0.7, pinned by fairseq
+
+
+def _is_fairseq_module(name):
+    return name.split(".", 1)[0] in _CONFIG_PACKAGES
+
+
+def dataclass_identity_hash():
+    """Give fairseq's (unfrozen, eq) dataclasses object identity hashing on Python 3.11+."""
+    import dataclasses
+
+    original = dataclasses._process_class
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def _process_class(cls, *args, **kwargs):
+        cls = original(cls, *args, **kwargs)
+        if cls.__hash__ is None and _is_fairseq_module(getattr(cls, "__module__", "")):
+            cls.__hash__ = object.__hash__
+        return cls
+
+    _process_class._fairseq_idpg_compat = True
+    dataclasses._process_class = _process_class
+
+
+# ---------------------------------------------------------------- 2. torch.load
+def _torch_with_full_pickle_load():
+    import types
+
+    import torch
+
+    class _TorchForFairseq(types.ModuleType):
+        """``torch`` for fairseq's checkpoint code: ``load`` unpickles in full by default."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def load(*args, **kwargs):
+            kwargs.setdefault("weights_only", False)
+            return torch.load(*args, **kwargs)
+
+    return _TorchForFairseq("torch")
+
+
+def torch_load_full_pickle(module):
+    """Make ``torch.load`` inside ``module`` (a fairseq module) default to weights_only=False."""
+    if not isinstance(module.torch, type(sys)) or module.torch.__name__ != "torch":
+        return
+    if type(module.torch).__name__ == "_TorchForFairseq":
+        return
+    module.torch = _torch_with_full_pickle_load()
+
+
+# ---------------------------------------------------------------- 3. --bf16
+def bf16_without_tpu(options):
+    """``--bf16`` no longer implies ``--tpu`` in ``fairseq.options.parse_args_and_arch``."""
+    original = options.parse_args_and_arch
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
+        result = original(parser, input_args, *args, **kwargs)
+        parsed = result[0] if isinstance(result, tuple) else result
+        argv = sys.argv[1:] if input_args is None else input_args
+        if getattr(parsed, "bf16", False) and getattr(parsed, "tpu", False):
+            parsed.tpu = "--tpu" in argv
+        return result
+
+    parse_args_and_arch._fairseq_idpg_compat = True
+    options.parse_args_and_arch = parse_args_and_arch
+
+
+# ---------------------------------------------------------------- 4. fast path
+def no_fast_path_duplicates(transformer_layer):
+    """Drop the BetterTransformer duplicate weights of ``TransformerEncoderLayerBase``."""
+    import torch.nn as nn
+
+    layer_cls = transformer_layer.TransformerEncoderLayerBase
+    if getattr(layer_cls, "_fairseq_idpg_compat", False):
+        return
+    original_init = layer_cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        for name in _FAST_PATH_PARAMS:
+            if name in self._parameters:
+                del self._parameters[name]
+        self.BT_version = False  # never take torch._transformer_encoder_layer_fwd
+        self.load_to_BT = False
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in _FAST_PATH_PARAMS:
+            state_dict.pop(prefix + name, None)
+        # skip fairseq's override, which rebuilds the copies and arms the fast path
+        nn.Module._load_from_state_dict(self, state_dict, prefix, *args, **kwargs)
+
+    layer_cls.__init__ = __init__
+    layer_cls._load_from_state_dict = _load_from_state_dict
+    layer_cls._fairseq_idpg_compat = True
+
+
+# ---------------------------------------------------------------- post-import hook
+_POST_IMPORT = {
+    "fairseq.checkpoint_utils": torch_load_full_pickle,
+    "fairseq.distributed.utils": torch_load_full_pickle,
+    "fairseq.options": bf16_without_tpu,
+    "fairseq.modules.transformer_layer": no_fast_path_duplicates,
+}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name):  # get_source, get_code, is_package, ... for tracebacks
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``_POST_IMPORT`` the normal way and patches them once loaded."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        patch = _POST_IMPORT.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install():
+    """Apply every fix; idempotent. Modules already imported are patched at once."""
+    if sys.version_info >= (3, 11):
+        dataclass_identity_hash()
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder())
+    for name, patch in _POST_IMPORT.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+
+
+install()
