@@ -32,6 +32,13 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    the attention (LoRA, inducer, prefixes). The copies are removed and the fast path is
    off; checkpoints that contain the copies still load.
 
+5. ``validate_defaults_from_checkpoint``: fairseq-validate's parser defaults to
+   ``--task translation --criterion cross_entropy``; a task whose config refers to its
+   criterion (sentence_prediction's ``${criterion.classification_head_name}``) then fails
+   before anything runs unless ``--criterion`` is repeated by hand. fairseq-validate now
+   takes ``--task`` and ``--criterion`` from the checkpoint given by ``--path`` when they
+   are not on the command line (explicit flags still win).
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -155,12 +162,63 @@ def no_fast_path_duplicates(transformer_layer):
     layer_cls._fairseq_idpg_compat = True
 
 
+# ---------------------------------------------------------------- 5. fairseq-validate
+def _flag_value(argv, flag):
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1 :]
+    return None
+
+
+def saved_task_and_criterion(path):
+    """(task, criterion) names stored in a fairseq checkpoint, reading no tensor data."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    cfg = state.get("cfg")
+    if cfg is not None:
+        return cfg["task"]["_name"], cfg["criterion"]["_name"]
+    args = state["args"]
+    return args.task, args.criterion
+
+
+def validate_defaults_from_checkpoint(validate):
+    """Default fairseq-validate's ``--task``/``--criterion`` to those of the checkpoint."""
+    import os
+
+    original = validate.cli_main
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def cli_main():
+        argv = sys.argv[1:]
+        path = _flag_value(argv, "--path")
+        missing = [f for f in ("--task", "--criterion") if _flag_value(argv, f) is None]
+        if path and missing:
+            first = path.split(os.pathsep)[0]
+            if os.path.isfile(first):
+                task, criterion = saved_task_and_criterion(first)
+                defaults = {"--task": task, "--criterion": criterion}
+                for flag in missing:
+                    sys.argv += [flag, defaults[flag]]
+        return original()
+
+    cli_main._fairseq_idpg_compat = True
+    validate.cli_main = cli_main
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": torch_load_full_pickle,
     "fairseq.distributed.utils": torch_load_full_pickle,
     "fairseq.options": bf16_without_tpu,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
+    "fairseq_cli.validate": validate_defaults_from_checkpoint,
 }
 
 

@@ -75,7 +75,8 @@ def build_dictionary(vocab_file: str) -> Dictionary:
 
 
 def write_dict_txt(vocab_file: str, path: str) -> None:
-    build_dictionary(vocab_file).save(path)
+    with open(path, "w", encoding="utf-8") as f:
+        build_dictionary(vocab_file).save(f)
 
 
 @dataclass

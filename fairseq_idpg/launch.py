@@ -1,0 +1,87 @@
+"""Run fairseq-train on N devices keeping the papers' effective batch.
+
+    python -m fairseq_idpg.launch --nproc 4 --total-batch 32 --batch-size 8 -- DATA --user-dir fairseq_idpg ...
+
+``--update-freq`` is computed so that ``nproc * batch_size * update_freq == total_batch``
+(the batch the paper used), so a run on 1, 2 or 8 GPUs follows the same optimisation path
+(exactly so without dropout; dropout masks differ per worker). One process runs
+``fairseq_cli.train`` directly; several run under torchrun (``torch.distributed.run``),
+which fairseq detects through the environment (``--distributed-init-method env://``).
+On CUDA the backend is NCCL with PyTorch DDP; without a GPU (or with ``--cpu``) it is gloo
+with fairseq's ``legacy_ddp`` (PyTorch DDP on CPU refuses fairseq's ``device_ids``).
+``scripts/train.sh`` is a thin wrapper.
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+
+def update_freq_for(total_batch, nproc, batch_size):
+    per_update = nproc * batch_size
+    if total_batch % per_update:
+        raise ValueError(
+            f"--total-batch {total_batch} is not a multiple of --nproc x --batch-size = "
+            f"{nproc} x {batch_size} = {per_update}; choose them so that their product divides {total_batch}"
+        )
+    return total_batch // per_update
+
+
+def _has_flag(argv, flag):
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_port=None, python=sys.executable):
+    """The command line (list) that runs fairseq-train as described in the module docstring."""
+    for flag in ("--batch-size", "--update-freq", "--distributed-world-size"):
+        if _has_flag(train_args, flag):
+            raise ValueError(f"{flag} is set by the launcher; give --batch-size/--total-batch/--nproc to it instead")
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if cpu is None:
+        import torch
+
+        cpu = _has_flag(train_args, "--cpu") or not torch.cuda.is_available()
+    args = list(train_args) + ["--batch-size", str(batch_size), "--update-freq", str(update_freq_for(total_batch, nproc, batch_size))]
+    if cpu and not _has_flag(args, "--cpu"):
+        args.append("--cpu")
+    if nproc == 1:
+        return [python, "-m", "fairseq_cli.train"] + args
+    if not _has_flag(args, "--distributed-backend"):
+        args += ["--distributed-backend", "gloo" if cpu else "nccl"]
+    if not _has_flag(args, "--ddp-backend"):
+        args += ["--ddp-backend", "legacy_ddp" if cpu else "pytorch_ddp"]
+    rdzv = ["--standalone"] if master_port is None else ["--master_addr", "127.0.0.1", "--master_port", str(master_port)]
+    return [python, "-m", "torch.distributed.run", *rdzv, "--nproc_per_node", str(nproc), "-m", "fairseq_cli.train"] + args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" in argv:
+        ours, train_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    else:
+        ours, train_args = argv, []
+    parser = argparse.ArgumentParser(prog="scripts/train.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=int(os.environ.get("NPROC", 1)), help="devices (processes); default $NPROC or 1")
+    parser.add_argument("--total-batch", type=int, required=True, help="effective batch per update (the paper's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="per-device batch (default: total / nproc)")
+    parser.add_argument("--cpu", action="store_true", help="force CPU (gloo) even if CUDA is available")
+    parser.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    opts = parser.parse_args(ours)
+    if not train_args:
+        parser.error("give the fairseq-train arguments after --")
+    batch_size = opts.batch_size or max(1, opts.total_batch // opts.nproc)
+    try:
+        cmd = build_command(train_args, opts.nproc, opts.total_batch, batch_size, cpu=opts.cpu or None, master_port=opts.master_port)
+    except ValueError as e:
+        parser.error(str(e))
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    if opts.dry_run:
+        return 0
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

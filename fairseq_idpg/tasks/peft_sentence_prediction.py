@@ -1,0 +1,158 @@
+"""``--task peft_sentence_prediction``: fairseq's sentence_prediction for the prepared data,
+aware of the tokens a parameter-efficient method inserts into the input.
+
+Differences from fairseq's ``sentence_prediction`` (everything else is inherited):
+
+- Inputs are always truncated to fit: ``tokens + inserted tokens <= --max-positions``
+  (IDPG / DPT insert t prompt vectors that take ordinary positions, SPEC section 0).
+  Pairs are truncated longest-first on the texts, so ``<s>``, the separators and the
+  final ``</s>`` are always kept (fairseq's ``--shorten-method truncate`` cuts the end of
+  the concatenation, final ``</s>`` included, and is ignored here).
+- The hook: after ``build_model``, the model's ``num_inserted_tokens`` attribute (0 when
+  absent, e.g. fine-tuning, adapters, LoRA) sets the truncation budget. Datasets are
+  loaded after the model in fairseq-train and fairseq-validate; loading one earlier with
+  another budget is an error, not a silent mis-truncation.
+- ``--num-classes`` may be omitted when the data folder has the ``task.json`` written by
+  ``scripts/prepare_data.py``.
+"""
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from fairseq.data import (
+    IdDataset,
+    NestedDictionaryDataset,
+    NumelDataset,
+    NumSamplesDataset,
+    OffsetTokensDataset,
+    RawLabelDataset,
+    RightPadDataset,
+    SortDataset,
+    StripTokenDataset,
+    data_utils,
+)
+from fairseq.tasks import register_task
+from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+from omegaconf import open_dict
+
+from fairseq_idpg.data import TruncatedSentencesDataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PeftSentencePredictionConfig(SentencePredictionConfig):
+    pass
+
+
+@register_task("peft_sentence_prediction", dataclass=PeftSentencePredictionConfig)
+class PeftSentencePredictionTask(SentencePredictionTask):
+    def __init__(self, cfg, data_dictionary, label_dictionary):
+        super().__init__(cfg, data_dictionary, label_dictionary)
+        self.num_inserted_tokens = 0
+        self._loaded_with = {}  # split -> num_inserted_tokens used for its truncation
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        info_path = os.path.join(cfg.data, "task.json")
+        if cfg.num_classes <= 0 and os.path.exists(info_path):
+            with open(info_path) as f:
+                info = json.load(f)
+            with open_dict(cfg):
+                cfg.num_classes = 1 if info.get("regression") else int(info["num_classes"])
+        if cfg.num_classes <= 0:
+            raise ValueError(
+                f"--num-classes is required ({info_path} not found; it is written by scripts/prepare_data.py)"
+            )
+        return super().setup_task(cfg, **kwargs)
+
+    # ------------------------------------------------------------------ the hook
+    def set_num_inserted_tokens(self, n):
+        """Reserve ``n`` positions per example for tokens a method inserts (prompts)."""
+        n = int(n)
+        min_tokens = 4  # <s> </s> </s> </s> of a pair
+        if self.cfg.max_positions - n < min_tokens:
+            raise ValueError(
+                f"{n} inserted tokens do not fit --max-positions {self.cfg.max_positions}: "
+                f"at most {self.cfg.max_positions - min_tokens} leave room for the input"
+            )
+        stale = [s for s, used in self._loaded_with.items() if used != n]
+        if stale:
+            raise RuntimeError(
+                f"split(s) {', '.join(stale)} were loaded before the model was built, with "
+                f"a budget for {self._loaded_with[stale[0]]} inserted tokens instead of {n}"
+            )
+        self.num_inserted_tokens = n
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        self.set_num_inserted_tokens(getattr(model, "num_inserted_tokens", 0))
+        return model
+
+    # ------------------------------------------------------------------ data
+    def _load_split(self, key, split, dictionary, combine):
+        path = os.path.join(self.cfg.data, key, split)
+        return data_utils.load_indexed_dataset(path, dictionary, combine=combine)
+
+    def load_dataset(self, split, combine=False, **kwargs):
+        input0 = self._load_split("input0", split, self.source_dictionary, combine)
+        if input0 is None:
+            raise FileNotFoundError(
+                f"dataset not found: {os.path.join(self.cfg.data, 'input0', split)}.bin/.idx "
+                f"(splits are written by scripts/prepare_data.py)"
+            )
+        input1 = self._load_split("input1", split, self.source_dictionary, combine)
+        src_tokens = TruncatedSentencesDataset(
+            input0,
+            input1,
+            init_token=self.cfg.init_token,
+            separator_token=self.cfg.separator_token,
+            max_tokens=self.cfg.max_positions - self.num_inserted_tokens,
+        )
+        if src_tokens.num_truncated:
+            logger.info(f"{split}: truncated {src_tokens.num_truncated} of {len(src_tokens)} examples")
+
+        dataset = {
+            "id": IdDataset(),
+            "net_input": {
+                "src_tokens": RightPadDataset(src_tokens, pad_idx=self.source_dictionary.pad()),
+                "src_lengths": NumelDataset(src_tokens, reduce=False),
+            },
+            "nsentences": NumSamplesDataset(),
+            "ntokens": NumelDataset(src_tokens, reduce=True),
+        }
+        target = self._load_targets(split, combine)
+        if target is not None:
+            dataset["target"] = target
+
+        dataset = NestedDictionaryDataset(dataset, sizes=[src_tokens.sizes])
+        if not self.cfg.no_shuffle:
+            with data_utils.numpy_seed(self.cfg.seed):
+                shuffle = np.random.permutation(len(src_tokens))
+            dataset = SortDataset(dataset, sort_order=[shuffle])
+        logger.info(f"loaded {split}: {len(dataset)} examples")
+        self._loaded_with[split] = self.num_inserted_tokens
+        self.datasets[split] = dataset
+        return dataset
+
+    def _load_targets(self, split, combine):
+        if not self.cfg.regression_target:
+            labels = self._load_split("label", split, self.label_dictionary, combine)
+            if labels is None:
+                return None
+            labels = StripTokenDataset(labels, id_to_strip=self.label_dictionary.eos())
+            return OffsetTokensDataset(labels, offset=-self.label_dictionary.nspecial)
+        path = os.path.join(self.cfg.data, "label", f"{split}.label")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            rows = [line.split() for line in f]
+        bad = next((i for i, r in enumerate(rows) if len(r) != self.cfg.num_classes), None)
+        if bad is not None:
+            raise ValueError(
+                f"{path}, line {bad + 1}: expected {self.cfg.num_classes} regression value(s), "
+                f"found {len(rows[bad])}"
+            )
+        return RawLabelDataset([[float(x) for x in r] for r in rows])
