@@ -39,6 +39,11 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    takes ``--task`` and ``--criterion`` from the checkpoint given by ``--path`` when they
    are not on the command line (explicit flags still win).
 
+6. ``all_gather_list_on_cpu``: fairseq's ``all_gather_list`` (used for logging outputs that
+   cannot be summed, e.g. the per-example predictions behind Pearson/Spearman, and by
+   multi-worker fairseq-validate) allocates ``torch.cuda.ByteTensor`` buffers, so every
+   CPU (gloo) multi-worker run crashes there. On gloo the buffers are CPU tensors.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -212,10 +217,39 @@ def validate_defaults_from_checkpoint(validate):
     validate.cli_main = cli_main
 
 
+# ---------------------------------------------------------------- 6. all_gather_list
+def all_gather_list_on_cpu(distributed_utils):
+    """Give fairseq's ``all_gather_list`` CPU buffers when the process group runs on gloo."""
+    import torch
+    import torch.distributed as dist
+
+    original = distributed_utils.all_gather_list
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def all_gather_list(data, group=None, max_size=16384):
+        # fairseq reads its buffers from the module-level name, i.e. from this wrapper
+        cpu = not torch.cuda.is_available() or dist.get_backend() == "gloo"
+        size = max_size * distributed_utils.get_world_size(group=group or distributed_utils.get_global_group())
+        buffer = getattr(all_gather_list, "_buffer", None)
+        if cpu and (buffer is None or buffer.is_cuda or buffer.numel() < size):
+            all_gather_list._buffer = torch.zeros(size, dtype=torch.uint8)
+            all_gather_list._cpu_buffer = torch.zeros(max_size, dtype=torch.uint8)
+        return original(data, group=group, max_size=max_size)
+
+    all_gather_list._fairseq_idpg_compat = True
+    distributed_utils.all_gather_list = all_gather_list
+
+
+def _patch_distributed_utils(module):
+    torch_load_full_pickle(module)
+    all_gather_list_on_cpu(module)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": torch_load_full_pickle,
-    "fairseq.distributed.utils": torch_load_full_pickle,
+    "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.validate": validate_defaults_from_checkpoint,

@@ -122,3 +122,24 @@ def test_fast_path_duplicates_are_gone_and_old_checkpoints_load():
     with torch.no_grad():
         other.self_attn.q_proj.weight.mul_(2.0)
     assert not torch.allclose(other(x, mask), layer(x, mask), atol=1e-4)
+
+
+def _gather_worker(rank, init_file, out_dir):
+    import torch.distributed as dist
+    from fairseq.distributed import utils as distributed_utils
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    gathered = distributed_utils.all_gather_list({"rank": rank, "rows": torch.full((3, 2), float(rank))})
+    torch.save(gathered, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_all_gather_list_works_on_gloo_cpu(tmp_path):
+    """fairseq's all_gather_list allocated CUDA buffers: CPU multi-worker gathering crashed."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gather_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        gathered = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert [g["rank"] for g in gathered] == [0, 1]
+        assert torch.equal(gathered[1]["rows"], torch.ones(3, 2))
