@@ -1,0 +1,289 @@
+"""Raw task files -> fairseq ``sentence_prediction`` data, as fairseq's RoBERTa GLUE recipe.
+
+``prepare`` validates everything first (task, options, BPE files, every row of every raw
+file, sampling sizes), then BPE-encodes in parallel and binarizes with fairseq's own
+preprocess into a temporary sibling of ``out`` that is renamed into place at the end:
+
+    out/input0/{split}.{bin,idx}, dict.txt     first sentence
+    out/input1/...                             second sentence (pairs only)
+    out/label/{split}.{bin,idx}, dict.txt      fixed label order (STS-B: {split}.label = score / 5)
+    out/task.json                              num_classes, regression, pair, metric, split sizes
+"""
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .formats import Example, PrepareError, TaskSpec, get_task
+
+FEW_SHOT_DEV = 1000  # IDPG section 4.4: a 1,000-example dev set sampled from train
+GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
+
+
+def prepare(
+    task: str,
+    raw: str,
+    out: str,
+    bpe: str = "gpt2",
+    bpe_dir: Optional[str] = None,
+    vocab: Optional[str] = None,
+    few_shot: Optional[int] = None,
+    seed: int = 1,
+    dev_from_train: Optional[int] = None,
+    workers: Optional[int] = None,
+    strict_sizes: bool = False,
+    overwrite: bool = False,
+) -> dict:
+    """Prepare ``task`` from its raw folder into ``out``; returns what it writes to task.json."""
+    start = time.time()
+    spec = get_task(task)
+    raw, out = Path(raw), Path(out)
+    workers = workers or min(4, os.cpu_count() or 1)
+    _check_bpe(bpe, bpe_dir, vocab)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise PrepareError(f"--out {out} already exists (pass --overwrite to replace it)")
+    data = read_raw(spec, raw, strict_sizes)
+    splits = make_splits(spec, data, few_shot, dev_from_train, seed)
+    print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
+        _binarize(spec, splits, tmp, bpe, bpe_dir, vocab, workers)
+        info = {
+            "task": spec.name,
+            "num_classes": spec.num_classes,
+            "regression": spec.regression,
+            "pair": spec.pair,
+            "metric": spec.metric,
+            "splits": {s: len(v) for s, v in splits.items()},
+            "bpe": bpe,
+            "labels": list(spec.labels) if spec.labels else None,
+            "few_shot": few_shot,
+            "dev_from_train": dev_from_train,
+            "seed": seed if few_shot is not None or dev_from_train is not None else None,
+        }
+        (tmp / "task.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"{spec.name}: wrote {out} in {time.time() - start:.1f} s", flush=True)
+    return info
+
+
+def read_raw(spec: TaskSpec, raw: Path, strict_sizes: bool = False) -> Dict[str, List[Example]]:
+    """File name -> examples for every raw file of the task, all parsed and checked."""
+    if not raw.is_dir():
+        raise PrepareError(f"--raw {raw}: no such folder (expected the {spec.name} folder holding {', '.join(spec.files)})")
+    missing = [name for name in spec.files if not (raw / name).is_file()]
+    if missing:
+        raise PrepareError(
+            f"--raw {raw} lacks {', '.join(missing)} (expected the {spec.name} files {', '.join(spec.files)} as distributed)"
+        )
+    data = {}
+    for name, official in zip(spec.files, spec.sizes):
+        data[name] = spec.read(raw / name)
+        _check_size(spec, name, len(data[name]), official, strict_sizes)
+    return data
+
+
+def _check_bpe(bpe: str, bpe_dir: Optional[str], vocab: Optional[str]) -> None:
+    if bpe == "gpt2":
+        if not bpe_dir:
+            raise PrepareError("--bpe gpt2 needs --bpe-dir (the folder with encoder.json, vocab.bpe, dict.txt)")
+        missing = [f for f in GPT2_FILES if not (Path(bpe_dir) / f).is_file()]
+        if missing:
+            raise PrepareError(
+                f"--bpe-dir {bpe_dir} lacks {', '.join(missing)} (expected RoBERTa's GPT-2 BPE files "
+                f"{', '.join(GPT2_FILES)}; `scripts/download.py bpe` fetches them)"
+            )
+    elif bpe == "wordpiece":
+        if not vocab:
+            raise PrepareError("--bpe wordpiece needs --vocab (the model's WordPiece vocab.txt)")
+        from fairseq_idpg.encoders.wordpiece import read_vocab
+
+        try:
+            read_vocab(vocab)
+        except (OSError, ValueError) as e:
+            raise PrepareError(f"--vocab: {e}") from None
+    else:
+        raise PrepareError(f"unknown --bpe {bpe!r} (valid: gpt2, wordpiece)")
+
+
+def _check_size(spec: TaskSpec, name: str, rows: int, official: int, strict: bool) -> None:
+    print(f"{spec.name}: {name} {rows:,} rows (official {official:,})", flush=True)
+    if rows != official:
+        message = f"{name} has {rows:,} rows, the official {spec.name} file has {official:,}"
+        if strict:
+            raise PrepareError(message + " (--strict-sizes)")
+        print(f"warning: {message} (a modified file? --strict-sizes makes this an error)", file=sys.stderr)
+
+
+def make_splits(
+    spec: TaskSpec, data: Dict[str, List[Example]], few_shot: Optional[int], dev_from_train: Optional[int], seed: int
+) -> Dict[str, List[Example]]:
+    """Split name -> examples. Without sampling the labelled dev/test files are valid, valid1;
+    with sampling the dev set comes from train and those files become test, test1 (fairseq's
+    names for the second, third... file of ``--validpref``/``--testpref``)."""
+    train, *evals = [data[f] for f in spec.files]
+    if few_shot is not None and dev_from_train is not None:
+        raise PrepareError("--few-shot and --dev-from-train exclude each other (few-shot samples its own dev set)")
+    if few_shot is None and dev_from_train is None:
+        return {"train": train, **_numbered("valid", evals)}
+    # np.random.RandomState: its streams are frozen across numpy versions, so a seed means
+    # the same sample everywhere. The dev examples come first in the permutation, so for one
+    # seed the few-shot dev set is the same for every K (and the K sets are nested).
+    order = np.random.RandomState(seed).permutation(len(train))
+    if few_shot is not None:
+        if few_shot < 1:
+            raise PrepareError(f"--few-shot {few_shot}: K must be at least 1")
+        if few_shot > len(train) - FEW_SHOT_DEV:
+            raise PrepareError(
+                f"--few-shot {few_shot}: {spec.files[0]} has {len(train):,} rows and the {FEW_SHOT_DEV:,}-example "
+                f"dev set is sampled from train too, so K can be at most {max(0, len(train) - FEW_SHOT_DEV):,}"
+            )
+        dev, rest = order[:FEW_SHOT_DEV], order[FEW_SHOT_DEV : FEW_SHOT_DEV + few_shot]
+    else:
+        if not 1 <= dev_from_train < len(train):
+            raise PrepareError(
+                f"--dev-from-train {dev_from_train}: must be between 1 and {len(train) - 1:,} "
+                f"({spec.files[0]} has {len(train):,} rows)"
+            )
+        dev, rest = order[:dev_from_train], order[dev_from_train:]
+    # sorted: the sampled examples keep the file's order (training shuffles anyway)
+    sampled = {"train": [train[i] for i in sorted(rest)], "valid": [train[i] for i in sorted(dev)]}
+    return {**sampled, **_numbered("test", evals)}
+
+
+def _numbered(name: str, items: list) -> dict:
+    return {name + (str(i) if i else ""): item for i, item in enumerate(items)}
+
+
+# --- BPE ---------------------------------------------------------------------------------
+
+_gpt2 = None  # per worker process, as fairseq's multiprocessing_bpe_encoder
+
+
+def _init_gpt2(encoder_json: str, vocab_bpe: str) -> None:
+    global _gpt2
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+
+    _gpt2 = get_encoder(encoder_json, vocab_bpe)
+
+
+def _encode_gpt2(line: str) -> str:
+    # strip() as multiprocessing_bpe_encoder does; an empty line stays an empty line (--keep-empty)
+    return " ".join(map(str, _gpt2.encode(line.strip())))
+
+
+def encode(lines: List[str], bpe: str, bpe_dir: Optional[str], vocab: Optional[str], workers: int) -> List[str]:
+    """BPE-encode ``lines`` into space-separated tokens (GPT-2: the BPE ids that dict.txt maps)."""
+    if bpe == "wordpiece":
+        from fairseq_idpg.encoders.wordpiece import WordpieceBPE, WordpieceBPEConfig
+
+        encoder = WordpieceBPE(WordpieceBPEConfig(wordpiece_vocab=vocab))
+        return encoder.encode_batch([line.strip() for line in lines])  # parallel Rust threads
+    paths = (os.path.join(bpe_dir, "encoder.json"), os.path.join(bpe_dir, "vocab.bpe"))
+    if workers <= 1:
+        _init_gpt2(*paths)
+        return [_encode_gpt2(line) for line in lines]
+    with Pool(workers, initializer=_init_gpt2, initargs=paths) as pool:
+        return pool.map(_encode_gpt2, lines, chunksize=max(1, min(1000, len(lines) // (4 * workers))))
+
+
+# --- binarization ------------------------------------------------------------------------
+
+
+def _binarize(spec: TaskSpec, splits, tmp: Path, bpe, bpe_dir, vocab, workers) -> None:
+    text = tmp / "_text"  # BPE-encoded text files, removed once binarized
+    text.mkdir()
+    n_inputs = 2 if spec.pair else 1
+    lines = [ex.texts[i] for i in range(n_inputs) for exs in splits.values() for ex in exs]
+    print(f"{spec.name}: BPE ({bpe}) of {len(lines):,} sentences with {workers} workers", flush=True)
+    encoded = iter(encode(lines, bpe, bpe_dir, vocab, workers))
+    for i in range(n_inputs):
+        for split, exs in splits.items():
+            _write_lines(text / f"{split}.input{i}", (next(encoded) for _ in exs))
+
+    if bpe == "gpt2":
+        src_dict = os.path.join(bpe_dir, "dict.txt")
+    else:
+        from fairseq_idpg.encoders.wordpiece import write_dict_txt
+
+        src_dict = str(text / "dict.txt")
+        write_dict_txt(vocab, src_dict)
+    for i in range(n_inputs):
+        _preprocess(text, splits, f"input{i}", src_dict, tmp / f"input{i}", workers)
+
+    (tmp / "label").mkdir()
+    if spec.regression:
+        # fairseq's sentence_prediction reads label/{split}.label for --regression-target;
+        # "%.6g" is awk's number format, so the files match the recipe's `awk '{print $1 / 5.0}'`
+        for split, exs in splits.items():
+            _write_lines(tmp / "label" / f"{split}.label", ("%.6g" % (float(ex.label) / 5.0) for ex in exs))
+    else:
+        # A label dictionary in the task's fixed order (fairseq would order it by frequency,
+        # so class indices would depend on the data); counts are the train frequencies.
+        counts = [sum(ex.label == label for ex in splits["train"]) for label in spec.labels]
+        _write_lines(text / "label.dict.txt", (f"{label} {n}" for label, n in zip(spec.labels, counts)))
+        for split, exs in splits.items():
+            _write_lines(text / f"{split}.label", (ex.label for ex in exs))
+        _preprocess(text, splits, "label", str(text / "label.dict.txt"), tmp / "label", workers)
+    shutil.rmtree(text)
+
+
+def _write_lines(path: Path, lines) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def _preprocess(text: Path, splits, column: str, src_dict: str, destdir: Path, workers: int) -> None:
+    """``fairseq-preprocess --only-source --srcdict`` for one column, called in-process."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    def prefs(kind):  # "valid.x,valid1.x": fairseq writes valid.{bin,idx}, valid1.{bin,idx}
+        return ",".join(str(text / f"{s}.{column}") for s in splits if s.rstrip("0123456789") == kind)
+
+    argv = ["--only-source", "--trainpref", prefs("train"), "--destdir", str(destdir)]
+    argv += ["--srcdict", src_dict, "--workers", str(workers)]
+    for kind in ("valid", "test"):
+        if prefs(kind):
+            argv += [f"--{kind}pref", prefs(kind)]
+    args = options.get_preprocessing_parser().parse_args(argv)
+    # preprocess.main adds a FileHandler (destdir/preprocess.log) to its logger on every call
+    # and never removes it; keep its log in that file only and close the handler afterwards.
+    logger = logging.getLogger("fairseq_cli.preprocess")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    logger.propagate = False
+    try:
+        preprocess.main(args)
+    finally:
+        for h in logger.handlers[len(handlers):]:
+            logger.removeHandler(h)
+            h.close()
+        logger.propagate = propagate
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` to ``out``; an existing ``out`` is removed only afterwards."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
