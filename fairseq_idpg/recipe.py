@@ -4,6 +4,7 @@ fairseq-validate. ``scripts/run.sh`` is a thin wrapper.
     scripts/run.sh SST-2                          # the offline stand-in, ../shared/data
     scripts/run.sh RTE --model roberta.large      # models/roberta.large (scripts/download.sh roberta large)
     scripts/run.sh MRPC --max-update 300 --nproc 2
+    scripts/run.sh RTE --method NAME              # any method of fairseq_idpg/methods.py
 
 Every stage is the ordinary command a researcher would type (printed with ``+``):
 ``scripts/prepare_data.py`` -> ``fairseq-train`` (through ``fairseq_idpg.launch`` for N
@@ -21,7 +22,8 @@ Where the files come from:
 Hyperparameters: fairseq's RoBERTa GLUE recipe (``examples/roberta/README.glue.md``: Adam
 (0.9, 0.98), eps 1e-6, weight decay 0.1, polynomial decay with 6% warmup, dropout 0.1,
 the per-task lr / batch / updates of its table) for roberta.*; for the stand-in the same
-with lr 5e-5 and ``--max-update`` as given (it is for smoke-scale runs on a CPU).
+with lr 5e-5 and ``--max-update`` as given (it is for smoke-scale runs on a CPU). A method
+other than ``finetune`` brings its own flags, lr and scheduler (``fairseq_idpg/methods.py``).
 """
 import argparse
 import json
@@ -132,6 +134,7 @@ def parse_valid_line(text):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="scripts/run.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("task", help=", ".join(GLUE_TASKS + list(LMBFF_TASKS)))
+    p.add_argument("--method", default="finetune", help="a method of fairseq_idpg/methods.py (default finetune)")
     p.add_argument("--model", default="standin", help="standin (default), roberta.base, roberta.large, or a folder with model.pt + dict.txt")
     p.add_argument("--raw", help="the task's raw folder (default: $GLUE_DIR / $LMBFF_DIR / ../shared/data)")
     p.add_argument("--bpe-dir", default=None, help="RoBERTa GPT-2 BPE files (default ../shared/roberta_bpe, else models/gpt2_bpe)")
@@ -144,7 +147,13 @@ def main(argv=None):
     p.add_argument("--work-dir", default=str(REPO), help="where data-bin/ and checkpoints/ go (default: the checkout)")
     args, extra = p.parse_known_args(argv)
 
+    import fairseq_idpg  # noqa: F401  (registers the methods)
+    from fairseq_idpg.methods import METHODS
+
     try:
+        if args.method not in METHODS:
+            raise RecipeError(f"unknown --method {args.method!r}; valid: {', '.join(sorted(METHODS))}")
+        method = METHODS[args.method]
         task = canonical_task(args.task)
         raw = raw_dir(task, args.raw)
         mdir = model_dir(args.model)
@@ -174,23 +183,30 @@ def main(argv=None):
         lr, total_batch, updates = FINETUNE_TABLE[task]
         if args.model == "standin":
             lr, updates = 5e-5, 300
-        lr = args.lr or lr
+        lr = args.lr or method.lr or lr
         total_batch = args.total_batch or total_batch
         updates = args.max_update or updates
         metric = info["metric"]
-        save = work / "checkpoints" / name / task / "finetune"
+        save = work / "checkpoints" / name / task / args.method
         dims = model_dims(mdir / "model.pt")
+        if method.frozen_backbone:
+            init = ["--backbone", mdir / "model.pt"]
+        else:
+            init = ["--restore-file", mdir / "model.pt", "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
+        if method.scheduler == "fixed":
+            schedule = ["--lr-scheduler", "fixed"]
+        else:
+            schedule = ["--lr-scheduler", "polynomial_decay", "--total-num-update", str(updates),
+                        "--warmup-updates", str(int(method.warmup * updates))]
         train_args = [
             data, "--user-dir", REPO / "fairseq_idpg",
             "--task", "peft_sentence_prediction", "--criterion", "sentence_prediction_metrics",
             "--num-classes", str(1 if info["regression"] else info["num_classes"]),
             "--init-token", "0", "--separator-token", "2",
-            "--arch", "roberta", *[str(x) for kv in dims.items() for x in kv],
-            "--restore-file", mdir / "model.pt", "--reset-optimizer", "--reset-dataloader", "--reset-meters",
+            *method.train_args, *[str(x) for kv in dims.items() for x in kv], *init,
             "--dropout", "0.1", "--attention-dropout", "0.1", "--weight-decay", "0.1",
             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06", "--clip-norm", "0.0",
-            "--lr-scheduler", "polynomial_decay", "--lr", str(lr),
-            "--total-num-update", str(updates), "--warmup-updates", str(int(0.06 * updates)), "--max-update", str(updates),
+            *schedule, "--lr", str(lr), "--max-update", str(updates),
             "--best-checkpoint-metric", metric, "--maximize-best-checkpoint-metric",
             "--save-dir", save, "--no-epoch-checkpoints", "--seed", str(args.seed),
             "--log-format", "simple", "--log-interval", "50", "--num-workers", "0",
@@ -216,12 +232,14 @@ def main(argv=None):
         return 2
 
     results = parse_valid_line(out)
-    print(f"\n== {task} | model {args.model} | method finetune | {updates} updates, batch {total_batch}, lr {lr}")
+    print(f"\n== {task} | model {args.model} | method {args.method} | {updates} updates, batch {total_batch}, lr {lr}")
     for subset, values in results.items():
         shown = {k: v for k, v in values.items() if k in ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")}
         print(f"{subset}: " + ", ".join(f"{k} {v}" for k, v in shown.items()) + f"   (paper metric: {metric})")
     print("times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
-    (save / "results.json").write_text(json.dumps({"task": task, "model": args.model, "metric": metric, "results": results, "timings": timings}, indent=1))
+    (save / "results.json").write_text(json.dumps(
+        {"task": task, "model": args.model, "method": args.method, "metric": metric, "results": results,
+         "timings": timings, "updates": updates, "lr": lr, "total_batch": total_batch}, indent=1))
     return 0
 
 

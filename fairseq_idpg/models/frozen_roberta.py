@@ -1,0 +1,157 @@
+"""RoBERTa with a frozen pretrained backbone: the base of every parameter-efficient model.
+
+SPEC section 0: every backbone parameter (embeddings, embedding LayerNorm, all layers, the
+LM head) is frozen; the classification head and the method's own tensors train. Subclasses
+(``roberta_idpg``, ``roberta_dpt``, ``roberta_inducer``, ...) add their modules in
+``__init__`` after calling ``super().__init__``; whatever they add trains.
+
+- ``--backbone PATH``: the fairseq RoBERTa checkpoint (``model.pt`` of roberta.large, of the
+  stand-in, ...) loaded into the encoder when the model is built. The path is kept in the
+  checkpoint's cfg, so fairseq-validate and ``from_pretrained`` rebuild the same backbone.
+  (``--restore-file`` of a pretrained checkpoint also works: the method's tensors missing
+  from it keep their initialisation.)
+- Frozen means absent from the optimizer: fairseq's trainer optimizes only tensors with
+  ``requires_grad`` (``Trainer._build_optimizer``), which frozen ones lack.
+- ``--save-trainable-only``: checkpoints hold the trained tensors (method + head) and a
+  fingerprint of the backbone (per-tensor element count and sum of squares, in float64;
+  close under fp16/bf16 rounding, far apart for another backbone). Loading one into a model
+  whose backbone does not match is refused with the reason.
+"""
+import itertools
+import logging
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.models.roberta import RobertaModel
+
+logger = logging.getLogger(__name__)
+
+FINGERPRINT_KEY = "_frozen_backbone_fingerprint"
+FINGERPRINT_RTOL = 5e-3  # bf16 rounding moves a sum of squares by ~1e-4; another backbone by far more
+
+
+class FrozenBackboneRobertaModel(RobertaModel):
+    """``RobertaModel`` whose original parameters are frozen (see the module docstring)."""
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)
+        # the backbone = every tensor the stock model has (tied ones under each name, and
+        # buffers); whatever subclasses add later trains
+        self.backbone_names = frozenset(name for name, _ in self._named_tensors())
+
+    @staticmethod
+    def add_args(parser):
+        RobertaModel.add_args(parser)
+        group = parser.add_argument_group("Frozen backbone")
+        group.add_argument("--backbone", metavar="PATH", help="pretrained fairseq RoBERTa checkpoint loaded into the frozen encoder at build time")
+        group.add_argument("--save-trainable-only", action="store_true", help="checkpoints hold only the trained tensors (+ a backbone fingerprint)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        if getattr(args, "backbone", None):
+            model.load_backbone(args.backbone)
+        model.freeze_backbone()
+        return model
+
+    # ------------------------------------------------------------------ freezing
+    def trains_backbone_parameter(self, name):
+        """Whether a backbone parameter trains (False; BitFit-style methods override)."""
+        return False
+
+    def _named_tensors(self):
+        return itertools.chain(self.named_parameters(remove_duplicate=False), self.named_buffers())
+
+    def freeze_backbone(self):
+        for name, p in self.named_parameters(remove_duplicate=False):
+            if name in self.backbone_names:
+                p.requires_grad = self.trains_backbone_parameter(name)
+
+    def frozen_names(self):
+        """Names of the frozen backbone tensors (a tied tensor under each of its names)."""
+        return {n for n, t in self._named_tensors() if n in self.backbone_names and not t.requires_grad}
+
+    def num_trainable_parameters(self, include_heads=False):
+        """Trained tensor elements, by default without the classification head (as the papers count)."""
+        return sum(
+            p.numel()
+            for n, p in self.named_parameters()
+            if p.requires_grad and (include_heads or not n.startswith("classification_heads."))
+        )
+
+    # ------------------------------------------------------------------ backbone loading
+    def load_backbone(self, path):
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+        weights = state["model"]
+        self.upgrade_state_dict_named(weights, "")  # old "decoder." names, etc.
+        weights = {k: v for k, v in weights.items() if not k.startswith("classification_heads.")}
+        own = dict(self.state_dict(full=True))
+        missing = sorted(k for k in own if k in self.backbone_names and k not in weights)
+        unexpected = sorted(k for k in weights if k not in own)
+        mismatched = sorted(k for k in weights if k in own and weights[k].shape != own[k].shape)
+        if missing or unexpected or mismatched:
+            problem = (
+                f"{len(missing)} missing (e.g. {missing[0]})" if missing else
+                f"{len(unexpected)} unexpected (e.g. {unexpected[0]})" if unexpected else
+                f"shape of {mismatched[0]}: {tuple(weights[mismatched[0]].shape)} in the file, {tuple(own[mismatched[0]].shape)} in the model"
+            )
+            raise ValueError(
+                f"--backbone {path}: does not fit this architecture ({problem}); "
+                f"give the encoder flags of that checkpoint (--encoder-layers, --encoder-embed-dim, ...)"
+            )
+        own.update(weights)
+        torch.nn.Module.load_state_dict(self, own, strict=True)
+        logger.info(f"loaded frozen backbone from {path}")
+
+    # ------------------------------------------------------------------ checkpoints
+    def backbone_fingerprint(self):
+        frozen = self.frozen_names()
+        rows = [
+            [float(p.numel()), p.detach().double().pow(2).sum().item()]
+            for n, p in sorted(self.named_parameters())
+            if n in frozen
+        ]
+        return torch.tensor(rows, dtype=torch.float64).reshape(-1, 2)
+
+    def state_dict(self, *args, full=False, **kwargs):
+        state = super().state_dict(*args, **kwargs)
+        if full or not getattr(self.args, "save_trainable_only", False) or kwargs.get("prefix", ""):
+            return state
+        frozen = self.frozen_names()
+        compact = type(state)((k, v) for k, v in state.items() if k not in frozen)
+        compact[FINGERPRINT_KEY] = self.backbone_fingerprint()
+        return compact
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        state_dict = dict(state_dict)
+        fingerprint = state_dict.pop(FINGERPRINT_KEY, None)
+        if fingerprint is not None:
+            self.check_backbone(fingerprint)
+        own = self.state_dict(full=True)
+        missing = [k for k in own if k not in state_dict]
+        if missing:
+            # compact checkpoints lack the frozen backbone; pretrained ones lack the method
+            allowed = self.frozen_names() if fingerprint is not None else set(own) - self.backbone_names
+            not_allowed = [k for k in missing if k not in allowed and not k.startswith("classification_heads.")]
+            if strict and not_allowed:
+                raise RuntimeError(f"checkpoint lacks {len(not_allowed)} trained tensor(s), e.g. {not_allowed[0]}")
+            for k in missing:
+                state_dict[k] = own[k]
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+    def check_backbone(self, saved):
+        current = self.backbone_fingerprint()
+        backbone = getattr(self.args, "backbone", None) or "the one built (no --backbone given)"
+        if saved.shape != current.shape or not torch.equal(saved[:, 0], current[:, 0]):
+            raise RuntimeError(
+                f"checkpoint was trained on another backbone: it froze {saved.shape[0]} tensors "
+                f"({int(saved[:, 0].sum()):,} values), this model's backbone {backbone} has "
+                f"{current.shape[0]} ({int(current[:, 0].sum()):,})"
+            )
+        rel = ((saved[:, 1] - current[:, 1]).abs() / current[:, 1].abs().clamp_min(1e-12)).max().item()
+        if rel > FINGERPRINT_RTOL:
+            raise RuntimeError(
+                f"checkpoint was trained on another backbone: the frozen weights of {backbone} differ "
+                f"from those it was trained with (largest relative change of a tensor's sum of squares "
+                f"{rel:.2e} > {FINGERPRINT_RTOL}); pass the right --backbone"
+            )

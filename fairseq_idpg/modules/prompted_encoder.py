@@ -1,0 +1,67 @@
+"""Run RoBERTa's (fairseq's) TransformerEncoder with prompts: the shared forward pass of every
+prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual prompts).
+
+    features, slots = prompted_features(model.encoder.sentence_encoder, src_tokens, prompt,
+                                        position=0, layer_prompts=fn)
+
+- ``prompt`` ([B, t, C] or [t, C]) is inserted into the token embeddings at ``position``
+  (``prompt_insertion``) before the learned positions are added; then come fairseq's own
+  embedding LayerNorm and dropout, and its padding mask (0 at the prompt slots).
+- ``layer_prompts(l, x)``, if given, is called after layer l = 1 .. L-1 with that layer's
+  output ``x`` ([B, T+t, C], batch first) and returns P_l ([B, t, C] or [t, C]), which is
+  **added** to the hidden states at the prompt slots: ``x[slots] += P_l`` (the multi-layer
+  scheme of M-IDPG and of the IDPG paper's P-tuning v2, SPEC section 1). Nothing is added
+  after the last layer. Returning None skips a layer.
+
+The layer loop is fairseq's (``TransformerEncoder.forward_scriptable``) with the addition in
+between; the inserted prompt lengths are the same for every example, so the addition is one
+masked scatter over the batch (no loop over examples or tokens).
+"""
+from .prompt_insertion import insert_prompts, insertion_index
+
+
+def add_at_slots(x, slots, prompt):
+    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``."""
+    bsz, _, dim = x.shape
+    if prompt.dim() == 2:
+        prompt = prompt.unsqueeze(0).expand(bsz, -1, -1)
+    delta = x.new_zeros(x.shape)
+    delta[slots] = prompt.reshape(-1, dim).to(x.dtype)  # row-major: example, then prompt index
+    return x + delta
+
+
+def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_prompts=None, filler_idx=None):
+    """Final-layer features [B, T+t, C] (batch first) and the prompt ``slots`` [B, T+t].
+
+    Args:
+        sentence_encoder: fairseq ``TransformerEncoder`` (``RobertaModel.encoder.sentence_encoder``).
+        src_tokens: [B, T] right-padded token ids.
+        prompt: [B, t, C] or [t, C], the input-layer prompt (in the embedding space).
+        position: IDPG insertion position 0-4 (``prompt_insertion.check_position`` at build time).
+        layer_prompts: optional ``fn(l, x) -> P_l`` (see the module docstring).
+        filler_idx: non-pad id written at the slots (default: ``<unk>`` = padding_idx + 2).
+    """
+    enc = sentence_encoder
+    pad = enc.padding_idx
+    eos = enc.dictionary.eos() if hasattr(enc, "dictionary") else 2
+    filler = pad + 2 if filler_idx is None else filler_idx
+    index = insertion_index(src_tokens, position, pad, eos)
+    tokens, embeddings, slots = insert_prompts(src_tokens, enc.embed_tokens(src_tokens), prompt, index, pad, filler)
+
+    padding_mask = tokens.eq(pad)
+    has_pads = bool(padding_mask.any())
+    x, _ = enc.forward_embedding(tokens, embeddings)  # positions, embedding LayerNorm, dropout
+    if has_pads:
+        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+    x = x.transpose(0, 1)  # T x B x C
+    num_layers = len(enc.layers)
+    for l, layer in enumerate(enc.layers, start=1):
+        out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
+        x = out[0] if isinstance(out, tuple) else out
+        if layer_prompts is not None and l < num_layers:
+            p = layer_prompts(l, x.transpose(0, 1))
+            if p is not None:
+                x = add_at_slots(x.transpose(0, 1), slots, p).transpose(0, 1)
+    if enc.layer_norm is not None:
+        x = enc.layer_norm(x)
+    return x.transpose(0, 1), slots
