@@ -27,6 +27,20 @@ def run_main_job(task, work_dir, *args):
     return out.stdout, results
 
 
+def prepared(task, work_dir):
+    """The stand-in's prepared data of ``task`` (as run.sh writes it), made if missing."""
+    data = work_dir / "data-bin" / "standin" / task
+    if not (data / "task.json").exists():
+        standin = REPO / "models" / "minilm-l6-fairseq"
+        subprocess.run(["bash", str(REPO / "scripts" / "build_standin.sh"), str(standin)], check=True, capture_output=True)
+        from fairseq_idpg.recipe import raw_dir
+
+        cmd = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), task, "--raw", str(raw_dir(task)), "--out", str(data),
+               "--bpe", "wordpiece", "--vocab", str(standin / "vocab.txt")]
+        subprocess.run(cmd, check=True, capture_output=True)
+    return data
+
+
 def test_sst2_finetuned_standin_reaches_80(work_dir):
     stdout, results = run_main_job("SST-2", work_dir, "--max-update", "200")
     accuracy = float(results["results"]["valid"]["accuracy"])
@@ -48,7 +62,7 @@ def test_each_task_runs_with_its_metric(work_dir, task, metric):
     assert f"{metric} " in stdout
 
 
-def _train(data, model_dir, save_dir, nproc, batch_size, extra=()):
+def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):
     from fairseq_idpg.recipe import model_dims
 
     dims = [str(x) for kv in model_dims(model_dir / "model.pt").items() for x in kv]
@@ -60,7 +74,7 @@ def _train(data, model_dir, save_dir, nproc, batch_size, extra=()):
         str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction",
         "--criterion", "sentence_prediction_metrics", *target,
         "--init-token", "0", "--separator-token", "2", "--arch", "roberta", *dims,
-        "--restore-file", str(model_dir / "model.pt"), "--reset-optimizer", "--reset-dataloader", "--reset-meters",
+        *(init if init is not None else ["--restore-file", str(model_dir / "model.pt"), "--reset-optimizer", "--reset-dataloader", "--reset-meters"]),
         "--dropout", "0", "--attention-dropout", "0", "--optimizer", "adam", "--lr", "1e-3",
         "--max-update", "12", "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", "7",
         "--log-format", "simple", "--num-workers", "0", "--validate-interval-updates", "12", *extra,
@@ -77,9 +91,7 @@ def test_two_cpu_workers_match_one_with_same_effective_batch(work_dir, tmp_path)
     across workers for Pearson/Spearman."""
     from fairseq_idpg.conversion.tiny import write_tiny_roberta
 
-    data = work_dir / "data-bin" / "standin" / "STS-B"
-    if not (data / "task.json").exists():
-        run_main_job("STS-B", work_dir, "--max-update", "1")
+    data = prepared("STS-B", work_dir)
     model = Path(write_tiny_roberta(tmp_path / "tiny", layers=2, dim=64, heads=4, ffn=128))
     one, valid_one = _train(data, model, tmp_path / "one", nproc=1, batch_size=8)
     two, valid_two = _train(data, model, tmp_path / "two", nproc=2, batch_size=8)
@@ -98,10 +110,47 @@ def test_bf16_trains_on_cpu(work_dir, tmp_path):
     """--bf16 used to imply --tpu (and a torch_xla import) in fairseq 0.12.2."""
     from fairseq_idpg.conversion.tiny import write_tiny_roberta
 
-    data = work_dir / "data-bin" / "standin" / "SST-2"
-    if not (data / "task.json").exists():
-        run_main_job("SST-2", work_dir, "--max-update", "1")
+    data = prepared("SST-2", work_dir)
     model = Path(write_tiny_roberta(tmp_path / "tiny"))
     state, valid = _train(data, model, tmp_path / "bf16", nproc=1, batch_size=16, extra=["--bf16"])
     assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
     assert "accuracy" in valid
+
+
+def test_checkpoints_reload_every_way(work_dir, tmp_path):
+    """Under torch 2.13: resume from checkpoint_last.pt, --finetune-from-model, fairseq-validate
+    (task and criterion from the checkpoint) and the hub all read what fairseq-train wrote."""
+    from fairseq.models.roberta import RobertaModel
+
+    from fairseq_idpg.conversion.tiny import write_tiny_roberta
+
+    data = prepared("SST-2", work_dir)
+    model = Path(write_tiny_roberta(tmp_path / "tiny"))
+    save = tmp_path / "run"
+    first, _ = _train(data, model, save, nproc=1, batch_size=16)
+    assert first["optimizer_history"][-1]["num_updates"] == 12
+
+    # resume: same command, more updates, picks up checkpoint_last.pt (no --reset-*)
+    resumed, _ = _train(data, model, save, nproc=1, batch_size=16, extra=["--max-update", "14"], init=[])
+    assert resumed["optimizer_history"][-1]["num_updates"] == 14
+
+    # fine-tune from the trained model in a new directory: weights in, counters reset
+    tuned, _ = _train(data, model, tmp_path / "ft", nproc=1, batch_size=16, extra=["--max-update", "2"],
+                      init=["--finetune-from-model", str(save / "checkpoint_best.pt")])
+    assert tuned["optimizer_history"][-1]["num_updates"] == 2
+
+    out = subprocess.run(
+        ["fairseq-validate", str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--path", str(save / "checkpoint_best.pt"),
+         "--batch-size", "64", "--cpu", "--num-workers", "0"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "valid on 'valid' subset" in out.stdout + out.stderr and "acc_and_f1" in out.stdout + out.stderr
+
+    hub = RobertaModel.from_pretrained(
+        str(save), "checkpoint_best.pt", data_name_or_path=str(data), user_dir=str(REPO / "fairseq_idpg"),
+        bpe="wordpiece", wordpiece_vocab=str(model / "vocab.txt"),
+    )
+    tokens = hub.encode("a gripping, beautifully acted film")
+    assert tokens[0].item() == 0 and tokens[-1].item() == 2
+    assert hub.predict("sentence_classification_head", tokens).shape == (1, 2)
