@@ -3,6 +3,8 @@ on real data from ../shared/data with the offline stand-in (all-MiniLM-L6-v2 con
 fairseq RoBERTa format: a 6-layer BERT standing in for roberta.large), and the launcher on
 2 CPU workers against 1. Slow (minutes); CI runs them."""
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +21,21 @@ def work_dir(tmp_path_factory, shared_data):
     return tmp_path_factory.mktemp("e2e")
 
 
+def run(cmd, timeout):
+    """subprocess.run, but a timeout also ends the grandchildren (fairseq-train under run.sh)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_main_job(task, work_dir, *args):
     cmd = ["bash", str(REPO / "scripts" / "run.sh"), task, "--work-dir", str(work_dir), *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    out = run(cmd, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((work_dir / "checkpoints" / "standin" / task / "finetune" / "results.json").read_text())
     return out.stdout, results
@@ -79,7 +93,7 @@ def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):
         "--max-update", "12", "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", "7",
         "--log-format", "simple", "--num-workers", "0", "--validate-interval-updates", "12", *extra,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    out = run(cmd, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     valid = [line for line in out.stdout.splitlines() + out.stderr.splitlines() if "valid on 'valid' subset" in line]
     return torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False), valid[-1]
@@ -139,10 +153,10 @@ def test_checkpoints_reload_every_way(work_dir, tmp_path):
                       init=["--finetune-from-model", str(save / "checkpoint_best.pt")])
     assert tuned["optimizer_history"][-1]["num_updates"] == 2
 
-    out = subprocess.run(
+    out = run(
         ["fairseq-validate", str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--path", str(save / "checkpoint_best.pt"),
          "--batch-size", "64", "--cpu", "--num-workers", "0"],
-        capture_output=True, text=True, timeout=600,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "valid on 'valid' subset" in out.stdout + out.stderr and "acc_and_f1" in out.stdout + out.stderr
