@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Training-step time and peak memory of inducer-tuning and the adapter-family baselines against
+LoRA and full fine-tuning, in one run on the same shapes.
+
+    python scripts/benchmark_inducer.py                    # stand-in shape: 6 x 384, 12 heads, ffn 1536
+    python scripts/benchmark_inducer.py --layers 12 --dim 768 --heads 12 --ffn 3072   # roberta-base shape
+
+A step = forward (classification head on <s>) + cross-entropy + backward + Adam step, on a random
+batch of token ids (B x T, a quarter of the rows padded to T/2) and a randomly initialised
+backbone of the given shape (speed and memory do not depend on the weights' values).
+
+- Time: every method's model is built in this process; rounds interleave the methods (each
+  round times ``--steps`` steps of every method after a warm-up), and the median over rounds is
+  reported, so a slower moment of a shared machine hits all methods alike. Ratios: each method /
+  LoRA (the issue's goal: inducer-tuning <= 1.20) and each method / full fine-tuning.
+- Peak memory: each method in a fresh subprocess of this script (``--memory-of NAME``). On CUDA
+  ``torch.cuda.max_memory_allocated`` over the first training step; on CPU the peak resident
+  set (VmHWM, reset through /proc/self/clear_refs after the model is built) minus the resident
+  set before that step: activations, gradients and the Adam state the first step allocates.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+METHODS = {  # name -> (model, preset flag, preset); "finetune": stock RoBERTa, everything trains
+    "finetune": ("roberta", None, None),
+    "lora": ("adapters", "adapters_preset", "lora"),
+    "inducer": ("inducer", "inducer_preset", "inducer"),
+    "inducer-lora": ("inducer", "inducer_preset", "inducer-lora"),
+    "mam-inducer": ("inducer", "inducer_preset", "mam-inducer"),
+    "prefix-tuning": ("adapters", "adapters_preset", "prefix-tuning"),
+    "houlsby-adapter": ("adapters", "adapters_preset", "houlsby-adapter"),
+    "compacter": ("adapters", "adapters_preset", "compacter"),
+    "mam-adapter": ("adapters", "adapters_preset", "mam-adapter"),
+    "bitfit": ("adapters", "adapters_preset", "bitfit"),
+}
+
+
+def build(name, args, device):
+    from fairseq.data import Dictionary
+    from fairseq.models.roberta import RobertaModel
+
+    import fairseq_idpg  # noqa: F401
+    from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel, build_with_flags
+    from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
+
+    dictionary = Dictionary()
+    for i in range(args.vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    kind, flag, preset = METHODS[name]
+    cls = {"roberta": RobertaModel, "adapters": RobertaAdaptersModel, "inducer": RobertaInducerModel}[kind]
+    sizes = dict(encoder_layers=args.layers, encoder_embed_dim=args.dim, encoder_attention_heads=args.heads,
+                 encoder_ffn_embed_dim=args.ffn, dropout=0.1, attention_dropout=0.1)
+    flags = {flag: preset} if flag else {}
+    torch.manual_seed(0)
+    model = build_with_flags(cls, dictionary, **sizes, **flags)
+    model.register_classification_head("head", num_classes=2)
+    model.to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6)
+    return model, optimizer
+
+
+def batch(args, device):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(4, args.vocab, (args.batch, args.length), generator=g)
+    tokens[:, 0] = 0
+    tokens[:, -1] = 2
+    short = args.batch // 4
+    tokens[:short, args.length // 2:] = 1  # padding
+    tokens[:short, args.length // 2 - 1] = 2
+    labels = torch.randint(0, 2, (args.batch,), generator=g)
+    return tokens.to(device), labels.to(device)
+
+
+def step(model, optimizer, tokens, labels):
+    logits, _ = model(tokens, classification_head_name="head")
+    F.cross_entropy(logits.float(), labels).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_all(args, device):
+    tokens, labels = batch(args, device)
+    built = {name: build(name, args, device) for name in args.methods}
+    for name, (model, optimizer) in built.items():
+        for _ in range(args.warmup):
+            step(model, optimizer, tokens, labels)
+    times = {name: [] for name in built}
+    for _ in range(args.rounds):
+        for name, (model, optimizer) in built.items():
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step(model, optimizer, tokens, labels)
+            sync(device)
+            times[name].append((time.perf_counter() - start) / args.steps)
+    trainable = {name: m.num_trainable_parameters() if hasattr(m, "num_trainable_parameters")
+                 else sum(p.numel() for n, p in m.named_parameters() if not n.startswith("classification_heads."))
+                 for name, (m, _) in built.items()}
+    return {name: statistics.median(t) for name, t in times.items()}, trainable
+
+
+def rss_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_of(name, args, device):
+    """Peak memory (MiB) of the first training step of ``name`` (see the module docstring)."""
+    model, optimizer = build(name, args, device)
+    tokens, labels = batch(args, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step(model, optimizer, tokens, labels)
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident set
+    before = rss_kb("VmRSS")
+    step(model, optimizer, tokens, labels)
+    return (rss_kb("VmHWM") - before) / 1024
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--ffn", type=int, default=1536)
+    p.add_argument("--vocab", type=int, default=30522, help="the stand-in's WordPiece vocabulary")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--steps", type=int, default=3, help="steps per method per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
+    p.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one method's memory, in a subprocess
+    p.add_argument("--json", help="also write the numbers to this file")
+    args = p.parse_args(argv)
+    args.methods = args.methods.split(",")
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown or "lora" not in args.methods or "finetune" not in args.methods:
+        p.error(f"--methods: unknown {unknown}; lora and finetune are needed for the ratios" if unknown else
+                "--methods must include lora and finetune (the ratios' baselines)")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    if args.memory_of:
+        print(json.dumps({"peak_mib": memory_of(args.memory_of, args, device)}))
+        return 0
+
+    times, trainable = time_all(args, device)
+    passthrough = [f"--{k}={getattr(args, k)}" for k in ("layers", "dim", "heads", "ffn", "vocab", "batch", "length", "threads", "device")]
+    memory = {}
+    for name in args.methods:
+        out = subprocess.run([sys.executable, __file__, *passthrough, f"--memory-of={name}"],
+                             capture_output=True, text=True, check=True)
+        memory[name] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+    how = "CUDA max_memory_allocated" if device.type == "cuda" else "peak RSS (VmHWM) delta"
+    print(f"shape: {args.layers} layers x {args.dim}, {args.heads} heads, ffn {args.ffn}, vocab {args.vocab}; "
+          f"batch {args.batch} x {args.length} tokens; {device} ({args.threads} threads); "
+          f"median of {args.rounds} rounds x {args.steps} steps")
+    print(f"{'method':<17}{'trainable':>12}{'step ms':>10}{'/ LoRA':>9}{'/ finetune':>12}{'peak MiB':>10}{'/ finetune':>12}")
+    for name in args.methods:
+        print(f"{name:<17}{trainable[name]:>12,}{1000 * times[name]:>10.1f}{times[name] / times['lora']:>9.2f}"
+              f"{times[name] / times['finetune']:>12.2f}{memory[name]:>10.0f}{memory[name] / memory['finetune']:>12.2f}")
+    print(f"memory: {how} of the first training step (activations, gradients, Adam state)")
+    if "inducer" in times:
+        print(f"inducer-tuning / LoRA step time: {times['inducer'] / times['lora']:.2f} (goal <= 1.20)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "step_s": times, "peak_mib": memory, "trainable": trainable}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

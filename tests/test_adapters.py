@@ -1,0 +1,126 @@
+"""Houlsby adapter, parallel FFN adapter, Compacter and BitFit: the layer with empty slots is
+fairseq's layer, zero up-projections leave the backbone unchanged, placement, counts, errors."""
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_inducer_support import build as build_model
+from test_inducer_support import logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
+
+from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel
+from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
+from fairseq_idpg.modules.adapters import BottleneckAdapter, CompacterAdapter
+from fairseq_idpg.modules.adapters_layer import AdaptedEncoderLayer
+
+
+def build(tiny, model_cls=RobertaAdaptersModel, **flags):
+    return build_model(tiny, model_cls, **flags).eval()
+
+
+def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
+    fairseq_layer = build(tiny, bitfit=True).encoder.sentence_encoder.layers[0]
+    ours = AdaptedEncoderLayer.convert(copy.deepcopy(fairseq_layer))
+    x = torch.randn(6, 2, 32)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    for train in (False, True):
+        fairseq_layer.train(train), ours.train(train)
+        torch.manual_seed(3)
+        expected = fairseq_layer(x, pad)
+        torch.manual_seed(3)  # same dropout masks: the same operations in the same order
+        assert torch.equal(ours(x, pad), expected)
+
+
+@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter", "mam-adapter"])
+def test_zero_up_projection_leaves_the_backbone_unchanged(tiny, preset):
+    model = build(tiny, adapters_preset=preset)
+    if preset == "mam-adapter":  # the reference keeps the same prefixes, without the adapter
+        reference = build(tiny, prefix_length=16)
+        reference.prefix_encoder.load_state_dict(model.prefix_encoder.state_dict())
+    else:
+        reference = build(tiny, bitfit=True)  # fairseq's own forward, same backbone
+    reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
+    up = [p for name, p in model.named_parameters() if "_adapter.up." in name]
+    assert up
+    with torch.no_grad():
+        for p in up:
+            p.normal_(0, 0.1)
+    assert not torch.allclose(logits(model), logits(reference), atol=1e-4)
+    with torch.no_grad():
+        for p in up:
+            p.zero_()
+    assert torch.allclose(logits(model), logits(reference), atol=1e-6)
+
+
+def test_parallel_adapter_is_lora_initialised_and_sits_beside_the_ffn(tiny):
+    model = build(tiny, model_cls=RobertaInducerModel, inducer_preset="mam-inducer")
+    layer = model.encoder.sentence_encoder.layers[0]
+    adapter = layer.parallel_adapter
+    assert adapter.up.weight.abs().sum() == 0 and adapter.down.bias.abs().sum() == 0 and adapter.down.weight.abs().sum() > 0
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(5, 2, 32)
+    attention, _ = layer.self_attn(x, x, x, key_padding_mask=None)
+    h = layer.self_attn_layer_norm(x + attention)  # the FFN's input (post-LN layer)
+    ffn = layer.fc2(layer.activation_fn(layer.fc1(h)))
+    f = F.relu(h @ adapter.down.weight.T + adapter.down.bias) @ adapter.up.weight.T + adapter.up.bias
+    expected = layer.final_layer_norm(h + ffn + 2.0 * f)  # LN(x + FFN(x) + s f(x)); eval: no dropout
+    assert torch.allclose(layer(x, None), expected, atol=1e-6)
+
+
+def test_houlsby_adapter_placement_and_count():
+    adapter = BottleneckAdapter(32, 4, init="houlsby")
+    assert sum(p.numel() for p in adapter.parameters()) == 2 * 32 * 4 + 4 + 32
+    assert 0 < adapter.down.weight.abs().max() <= 0.02  # N(0, 1e-2) truncated at 2 std
+    x = torch.randn(3, 32)
+    assert torch.allclose(adapter(x), F.relu(x @ adapter.down.weight.T) @ adapter.up.weight.T, atol=1e-7)
+
+
+def test_compacter_equals_the_dense_kronecker_adapter_and_counts():
+    torch.manual_seed(0)
+    adapter = CompacterAdapter(32, 8, n=4, rank=1).double()
+    with torch.no_grad():
+        adapter.up.bias.normal_()
+    A = adapter.A
+    W_down = sum(torch.kron(A[i], adapter.down.s[i] @ adapter.down.t[i]) for i in range(4))  # [32, 8]
+    W_up = sum(torch.kron(A[i], adapter.up.s[i] @ adapter.up.t[i]) for i in range(4))  # [8, 32]
+    x = torch.randn(5, 32, dtype=torch.float64)
+    expected = F.gelu(x @ W_down + adapter.down.bias) @ W_up + adapter.up.bias
+    assert torch.allclose(adapter(x), expected, atol=1e-12)
+    # one A set for both projections: n^3 + 2 k (d + r) + r + d
+    assert sum(p.numel() for p in adapter.parameters()) == 4**3 + 2 * 1 * (32 + 8) + 8 + 32
+    assert adapter.down.A_set() is adapter.up.A_set() is adapter.A
+
+
+def test_bitfit_trains_exactly_the_encoder_biases(tiny):
+    model = build(tiny, adapters_preset="bitfit").train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")}
+    encoder_biases = {n for n, _ in model.encoder.sentence_encoder.named_parameters(prefix="encoder.sentence_encoder") if n.endswith(".bias")}
+    assert trainable == encoder_biases and "encoder.sentence_encoder.layers.0.fc1.bias" in trainable
+    assert model.num_trainable_parameters() == 2 * (4 * 32 + 64 + 32 + 2 * 32) + 32
+    logits(model).sum().backward()
+    assert model.encoder.sentence_encoder.layers[0].fc1.weight.grad is None
+    assert model.encoder.sentence_encoder.layers[0].fc1.bias.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (dict(adapters_preset="houlsby-adapter", adapter_dim=33), "--adapter-dim must be between 1 and the model dimension 32, got 33"),
+        (dict(adapters_preset="houlsby-adapter", adapter_dim=0), "--adapter-dim must be >= 1 for --adapters-preset houlsby-adapter (got 0)"),
+        (dict(adapters_preset="compacter", compacter_n=3), "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16"),
+        (dict(adapters_preset="compacter", encoder_attention_heads=3), "--encoder-attention-heads 3 must divide --encoder-embed-dim 32"),
+        (dict(adapters_preset="mam-adapter", ffn_adapter_dim=40), "--ffn-adapter-dim must be between 1 and the model dimension 32, got 40"),
+    ],
+)
+def test_invalid_settings_fail_at_build_time(tiny, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(tiny, **flags)
+
+
+@pytest.mark.slow
+def test_compacter_trains_and_validates_end_to_end(tmp_path, shared_data):
+    _, results = run_main_job(tmp_path, "compacter")
+    assert 0.0 <= float(results["results"]["valid"]["accuracy"]) <= 100.0

@@ -1,0 +1,102 @@
+"""Prefix tuning (SPEC section 3): attention over [P_k; K] / [P_v; V], the reparameterisation and
+its per-layer slices, trained through the MLP, saved compact without it."""
+import copy
+import math
+
+import pytest
+import torch
+from fairseq.modules.multihead_attention import MultiheadAttention
+from test_inducer_support import build, logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
+
+from fairseq_idpg.models.roberta_adapters import PREFIX_KEY
+from fairseq_idpg.modules.inducer_attention import InducerSelfAttention
+from fairseq_idpg.modules.prefix import PrefixEncoder
+
+
+def test_layer_slices_are_the_reparameterised_prefixes():
+    torch.manual_seed(0)
+    prefix = PrefixEncoder(num_layers=3, dim=8, length=5, mid_dim=11).double()
+    full = prefix.output(torch.tanh(prefix.hidden(prefix.embedding.weight))).view(5, 3, 2, 8)  # P.view(l, L, 2, d)
+    for layer in range(3):
+        k, v = prefix.layer_kv(layer)
+        assert torch.allclose(k, full[:, layer, 0], atol=1e-12) and torch.allclose(v, full[:, layer, 1], atol=1e-12)
+    stored = prefix.prefixes()
+    assert stored.shape == (3, 2, 5, 8) and torch.allclose(stored[1, 1], full[:, 1, 1], atol=1e-12)
+    trained = sum(p.numel() for p in prefix.parameters())
+    assert trained == 5 * 8 + (8 * 11 + 11) + (11 * 2 * 3 * 8 + 2 * 3 * 8)
+    prefix.to_stored()
+    assert [n for n, _ in prefix.named_parameters()] == ["kv"] and prefix.kv.numel() == 2 * 3 * 5 * 8
+    assert torch.equal(prefix.layer_kv(2)[0], stored[2, 0])
+
+
+def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():
+    torch.manual_seed(0)
+    D, H, l = 16, 4, 3
+    dh = D // H
+    attention = MultiheadAttention(D, H, dropout=0.0, self_attention=True).double()
+    prefix = PrefixEncoder(num_layers=2, dim=D, length=l, mid_dim=7).double()
+    InducerSelfAttention.convert(attention, 1, prefix=prefix)
+    x = torch.randn(5, 2, D, dtype=torch.float64)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    out, _ = attention(x, x, x, key_padding_mask=pad)
+
+    pk, pv = prefix.layer_kv(1)
+    for b in range(2):
+        valid = ~pad[b]
+        keys = torch.cat([pk, attention.k_proj(x[valid, b])])  # [l + S, D]: prefixes never masked
+        values = torch.cat([pv, attention.v_proj(x[valid, b])])
+        q = attention.q_proj(x[:, b])
+        heads = [
+            torch.softmax(q[:, h * dh:(h + 1) * dh] @ keys[:, h * dh:(h + 1) * dh].T / math.sqrt(dh), dim=-1) @ values[:, h * dh:(h + 1) * dh]
+            for h in range(H)
+        ]
+        assert torch.allclose(out[:, b], attention.out_proj(torch.cat(heads, dim=-1)), atol=1e-12)
+
+
+def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
+    model = build(tiny, adapters_preset="prefix-tuning", save_trainable_only=True)
+    logits(model).sum().backward()
+    mlp = model.prefix_encoder
+    assert mlp.embedding.weight.grad.abs().sum() > 0 and mlp.output.weight.grad.abs().sum() > 0
+    assert model.num_trainable_parameters() == 32 * 32 + (32 * 800 + 800) + (800 * 2 * 2 * 32 + 2 * 2 * 32)
+
+    model.eval()
+    expected = logits(model)
+    state = model.state_dict()
+    assert state[PREFIX_KEY].shape == (2, 2, 32, 32)  # [L, 2, l, d]
+    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in state)
+    assert not any(k.startswith("encoder.") for k in state)  # --save-trainable-only: no backbone either
+
+    fresh = build(tiny, adapters_preset="prefix-tuning", save_trainable_only=True).eval()
+    fresh.load_state_dict(state)
+    assert fresh.prefix_encoder.stored and fresh.num_trainable_parameters() == 2 * 2 * 32 * 32
+    assert torch.allclose(logits(fresh), expected, atol=1e-6)
+    assert PREFIX_KEY in fresh.state_dict()  # a stored model saves the same compact form again
+
+
+def test_prefix_save_mlp_keeps_resumable_checkpoints(tiny):
+    model = build(tiny, adapters_preset="prefix-tuning", prefix_save_mlp=True)
+    state = model.state_dict()
+    assert PREFIX_KEY not in state and "prefix_encoder.output.weight" in state
+    fresh = build(tiny, adapters_preset="prefix-tuning", prefix_save_mlp=True)
+    fresh.load_state_dict(copy.deepcopy(state))
+    assert not fresh.prefix_encoder.stored
+    assert torch.equal(fresh.prefix_encoder.prefixes(), model.prefix_encoder.prefixes())
+
+
+def test_prefixes_change_outputs_and_bad_length_fails(tiny):
+    model = build(tiny, adapters_preset="prefix-tuning").eval()
+    reference = build(tiny, bitfit=True).eval()
+    reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
+    assert not torch.allclose(logits(model), logits(reference), atol=1e-4)
+    with pytest.raises(ValueError, match=r"--prefix-length must be >= 1 for --adapters-preset prefix-tuning \(got 0\)"):
+        build(tiny, adapters_preset="prefix-tuning", prefix_length=0)
+
+
+@pytest.mark.slow
+def test_prefix_tuning_trains_and_validates_from_the_compact_checkpoint(tmp_path, shared_data):
+    save, results = run_main_job(tmp_path, "prefix-tuning")
+    assert 0.0 <= float(results["results"]["valid"]["accuracy"]) <= 100.0
+    state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)["model"]
+    assert state[PREFIX_KEY].shape == (6, 2, 32, 384)  # the stand-in: L = 6, d = 384
+    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in state)
