@@ -1,0 +1,323 @@
+"""DPT (paper 002, SPEC section 2) on a frozen RoBERTa: the prompt parameterisations, the model,
+its build-time checks, the rank probe's logging, the export of P and the counts. Tiny random
+backbones (2 layers x 32); training on real data is in test_dpt_train.py."""
+import argparse
+import importlib.util
+import json
+import math
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.data import Dictionary
+from fairseq.logging import metrics
+
+import fairseq_idpg  # noqa: F401  (registers roberta_dpt)
+from fairseq_idpg.conversion.tiny import write_tiny_roberta
+from fairseq_idpg.models.roberta_dpt import RANK_LOG_KEY, RobertaDPTModel
+from fairseq_idpg.modules.low_rank_prompt import (
+    FullPrompt,
+    LowRankPrompt,
+    RankProbePrompt,
+    ResidualPrompt,
+    init_prompt_,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DIM, LAYERS = 32, 2
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return Path(write_tiny_roberta(tmp_path_factory.mktemp("dpt") / "tiny", layers=LAYERS, dim=DIM))
+
+
+def build(backbone, task=None, seed=0, **flags):
+    """A ``roberta_dpt`` on the tiny backbone with a 2-class head (random, not zero, weights)."""
+    d = Dictionary.load(str(backbone / "dict.txt"))
+    d.add_symbol("<mask>")
+    args = argparse.Namespace(
+        arch="roberta_dpt", encoder_layers=LAYERS, encoder_embed_dim=DIM, encoder_ffn_embed_dim=64,
+        encoder_attention_heads=4, max_positions=flags.pop("max_positions", 512),
+        backbone=str(backbone / "model.pt"), save_trainable_only=True, **flags,
+    )
+    task = task or types.SimpleNamespace(source_dictionary=d)
+    task.source_dictionary = d
+    torch.manual_seed(seed)
+    model = RobertaDPTModel.build_model(args, task)
+    model.register_classification_head("head", num_classes=2)
+    return model.eval()
+
+
+def tokens():
+    """A right-padded batch: <s> w w w </s> and a shorter row."""
+    return torch.tensor([[0, 2023, 3185, 2001, 2], [0, 7592, 2, 1, 1]])
+
+
+def logits(model, src=None):
+    with torch.no_grad():
+        return model(tokens() if src is None else src, classification_head_name="head")[0]
+
+
+# ---------------------------------------------------------------------- the parameterisations
+def test_low_rank_prompt_is_the_product_of_its_factors():
+    torch.manual_seed(0)
+    prompt = LowRankPrompt(100, 64, 10).double()
+    A, B = prompt.A, prompt.B
+    # Eq. 5 term by term: P = sum_k A[:, k] B[k, :]
+    by_definition = sum(torch.outer(A[:, k], B[k]) for k in range(10))
+    P = prompt()
+    assert P.shape == (100, 64)
+    assert torch.allclose(P, by_definition, atol=1e-12)
+    assert torch.linalg.matrix_rank(P).item() == 10  # low rank: b, not min(l, d) = 64
+
+    stacked = LowRankPrompt(7, 16, 3, stack=4)
+    assert stacked().shape == (4, 7, 16)
+    for k in range(4):
+        assert torch.allclose(stacked()[k], stacked.A[k] @ stacked.B[k], atol=1e-6)
+
+
+def test_prompt_init_uniform_by_default_gaussian_as_option():
+    torch.manual_seed(0)
+    x = init_prompt_(torch.empty(200, 500))
+    assert x.abs().max().item() <= 0.5 and x.abs().max().item() > 0.49  # U(-0.5, 0.5), authors' code
+    assert abs(x.std().item() - 0.5 / math.sqrt(3)) < 0.005
+    y = init_prompt_(torch.empty(200, 500), "normal", 0.1)
+    assert abs(y.std().item() - 0.1) < 0.002 and y.abs().max().item() > 0.3  # unbounded tails
+    with pytest.raises(ValueError, match="prompt init must be one of uniform, normal, got 'xavier'"):
+        init_prompt_(torch.empty(2), "xavier")
+
+
+def test_rank_probe_is_U_relu_diag_s_V_and_counts_positive_entries():
+    torch.manual_seed(0)
+    probe = RankProbePrompt(8, 12, 6).double()
+    assert torch.equal(probe.s, torch.full((6,), 0.02).double())  # s starts positive (fp32 0.02)
+    assert probe.num_positive() == 6
+    with torch.no_grad():
+        probe.s.copy_(torch.tensor([1.5, -0.2, 0.0, 0.7, -3.0, 2.0]))  # hand-made: 3 positive
+    expected = probe.U @ torch.diag(F.relu(probe.s)) @ probe.V  # Eq. 3 with the diagonal matrix
+    assert torch.allclose(probe(), expected, atol=1e-12)
+    assert probe.num_positive() == 3
+    assert torch.linalg.matrix_rank(probe()).item() == 3  # the count bounds the rank (appendix A.1)
+    with pytest.raises(ValueError, match="s must start positive"):
+        RankProbePrompt(8, 12, 6, s_init=0.0)
+
+
+def test_residual_prompt_formula_and_paper_count():
+    torch.manual_seed(0)
+    res = ResidualPrompt(5, 16, bottleneck=8).double()
+    with torch.no_grad():
+        res.norm.weight.normal_(), res.norm.bias.normal_()  # not the identity init
+    P = res.weight
+    h = F.relu(P @ res.down.weight.T + res.down.bias) @ res.up.weight.T + res.up.bias
+    mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+    expected = P + (h - mean) / torch.sqrt(var + 1e-5) * res.norm.weight + res.norm.bias
+    assert torch.allclose(res(), expected, atol=1e-10)
+    # DPT Table 1: residual PT with l = 100, m = 400 on d = 1024: "925K"
+    big = ResidualPrompt(100, 1024, bottleneck=400)
+    assert sum(p.numel() for p in big.parameters()) == 100 * 1024 + 2 * 1024 * 400 + 400 + 3 * 1024 == 925_072
+
+
+# ---------------------------------------------------------------------- the model
+FORMULAS = {  # trainable count without the head, SPEC section 2 (l, b, r, m, d, L)
+    "dpt": lambda l, b, r, m, d, L: l * b + b * d,
+    "dpt-rank-probe": lambda l, b, r, m, d, L: l * r + r + r * d,
+    "residual-prompt": lambda l, b, r, m, d, L: l * d + 2 * d * m + m + 3 * d,
+    "deep-dpt": lambda l, b, r, m, d, L: L * (l * b + b * d),
+    "prompt-tuning": lambda l, b, r, m, d, L: l * d,
+    "deep-prompt-tuning": lambda l, b, r, m, d, L: L * l * d,
+}
+
+
+@pytest.mark.parametrize("preset", list(FORMULAS))
+def test_only_prompt_and_head_train_and_counts_follow_the_formula(tiny, preset):
+    l, b, m = 6, 2, 8
+    model = build(tiny, dpt_preset=preset, dpt_length=l, dpt_bottleneck=b, dpt_residual_bottleneck=m)
+    assert model.num_trainable_parameters() == FORMULAS[preset](l, b, min(l, DIM), m, DIM, LAYERS)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(("prompt.", "classification_heads.head.")) for n in trainable)
+    assert model.num_inserted_tokens == l
+    model.train()
+    model(tokens(), classification_head_name="head")[0].sum().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if n in model.backbone_names)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.prompt.named_parameters())
+
+
+def test_prompt_at_position_0_equals_stock_encoder_on_prompted_embeddings(tiny):
+    """DPT on RoBERTa = fairseq's own encoder fed <s>, P = A B, then the input (ordinary positions)."""
+    model = build(tiny, dpt_preset="dpt", dpt_length=6, dpt_bottleneck=2)
+    src = tokens()
+    enc = model.encoder.sentence_encoder
+    P = (model.prompt.A @ model.prompt.B).unsqueeze(0).expand(2, -1, -1)
+    filler = torch.full((2, 6), enc.dictionary.unk())
+    ref_tokens = torch.cat([src[:, :1], filler, src[:, 1:]], dim=1)  # right padding stays at the end
+    ref_embeddings = torch.cat([enc.embed_tokens(src[:, :1]), P, enc.embed_tokens(src[:, 1:])], dim=1)
+    with torch.no_grad():
+        out = enc(ref_tokens, token_embeddings=ref_embeddings)["encoder_out"][0].transpose(0, 1)
+        expected = model.classification_heads["head"](out)
+    assert torch.allclose(logits(model, src), expected, atol=1e-5)
+
+
+def test_deep_prompts_are_added_after_each_layer(tiny):
+    """With P_1..P_{L-1} = 0 the deep model is the shallow one; with them it differs."""
+    deep = build(tiny, dpt_preset="deep-prompt-tuning", dpt_length=6)
+    shallow = build(tiny, dpt_preset="prompt-tuning", dpt_length=6)
+    shallow.classification_heads.load_state_dict(deep.classification_heads.state_dict())
+    with torch.no_grad():
+        shallow.prompt.weight.copy_(deep.prompt.weight[0])
+        assert not torch.allclose(logits(deep), logits(shallow), atol=1e-4)
+        deep.prompt.weight[1:].zero_()
+    assert torch.allclose(logits(deep), logits(shallow), atol=1e-6)
+
+
+def test_rank_probe_count_is_logged_in_eval_only(tiny):
+    model = build(tiny, dpt_preset="dpt-rank-probe", dpt_length=6)
+    with torch.no_grad():
+        model.prompt.s.copy_(torch.tensor([0.4, -0.1, 2.0, -0.3, 0.0, 1.0]))  # hand-made: 3 positive
+    with metrics.aggregate(new_root=True) as agg:  # what fairseq-train's validation opens
+        logits(model), logits(model)
+    assert agg.get_smoothed_values()[RANK_LOG_KEY] == 3
+    model.train()
+    with metrics.aggregate(new_root=True) as agg:
+        model(tokens(), classification_head_name="head")
+    assert RANK_LOG_KEY not in agg.get_smoothed_values()
+
+
+def single_sentence_task(tmp_path):
+    (tmp_path / "task.json").write_text(json.dumps({"pair": False}))
+    return types.SimpleNamespace(cfg=types.SimpleNamespace(data=str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        ({"dpt_length": 6, "dpt_bottleneck": 6}, r"--dpt-bottleneck 6 must be in \[1, 5\]: a low-rank prompt needs b < min\(--dpt-length 6, encoder dim 32\)"),
+        ({"dpt_length": 40, "dpt_bottleneck": 32}, r"--dpt-bottleneck 32 must be in \[1, 31\]"),
+        ({"dpt_preset": "deep-dpt", "dpt_length": 6, "dpt_bottleneck": 0}, r"--dpt-bottleneck 0 must be in \[1, 5\]"),
+        ({"dpt_length": 509, "max_positions": 512}, r"--dpt-length 509 does not fit --max-positions 512: .* at most 508"),
+        ({"dpt_preset": "dpt-rank-probe", "dpt_length": 6, "dpt_probe_rank": 7}, r"--dpt-probe-rank 7 must be in \[1, 6\]"),
+        ({"dpt_preset": "dpt-rank-probe", "dpt_probe_s_init": -1.0}, r"--dpt-probe-s-init must be > 0"),
+        ({"dpt_preset": "residual-prompt", "dpt_deep": True}, r"--dpt-deep needs --dpt-prompt low-rank or full, got residual"),
+        ({"prompt_position": 5}, r"--prompt-position must be one of 0-4, got 5"),
+        ({"dpt_init": "zeros"}, r"--dpt-init must be one of uniform, normal, got 'zeros'"),
+        ({"dpt_preset": "p-tuning"}, r"--dpt-preset must be one of dpt, dpt-rank-probe, .*, got 'p-tuning'"),
+    ],
+)
+def test_bad_settings_fail_at_build_time(tiny, flags, message):
+    with pytest.raises(ValueError, match=message):
+        build(tiny, **flags)
+
+
+def test_pair_positions_need_a_pair_task(tiny, tmp_path):
+    with pytest.raises(ValueError, match="--prompt-position 2 needs sentence pairs"):
+        build(tiny, task=single_sentence_task(tmp_path), prompt_position=2)
+    build(tiny, task=single_sentence_task(tmp_path), prompt_position=4)  # valid for single sentences
+
+
+def test_inputs_longer_than_max_positions_minus_the_prompt_are_refused(tiny):
+    model = build(tiny, dpt_length=500, max_positions=512)
+    fits = torch.cat([tokens(), torch.full((2, 7), 1)], dim=1)  # 12 tokens + 500 prompt vectors = 512
+    assert logits(model, fits).shape == (2, 2)
+    with pytest.raises(ValueError, match="13 input tokens \\+ --dpt-length 500 exceed --max-positions 512"):
+        logits(model, torch.cat([fits, torch.ones(2, 1, dtype=torch.long)], dim=1))
+
+
+def test_flags_and_presets_through_fairseq_parser(tmp_path):
+    from fairseq import options
+
+    def parse(*flags):
+        argv = [str(tmp_path), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction",
+                "--num-classes", "2", *flags]
+        return options.parse_args_and_arch(options.get_training_parser(), argv)
+
+    args = parse("--arch", "roberta_dpt_large", "--dpt-preset", "deep-dpt", "--dpt-bottleneck", "4")
+    assert (args.dpt_prompt, args.dpt_deep, args.dpt_bottleneck, args.dpt_length) == ("low-rank", True, 4, 100)
+    assert (args.encoder_embed_dim, args.encoder_layers) == (1024, 24)
+    args = parse("--arch", "roberta_dpt", "--dpt-preset", "dpt-rank-probe", "--dpt-prompt", "full", "--dpt-length", "20")
+    assert (args.dpt_preset, args.dpt_prompt, args.dpt_deep) == ("dpt-rank-probe", "full", False)  # explicit wins
+    assert args.dpt_probe_rank == 20 and args.encoder_embed_dim == 768  # roberta-base sizes by default
+    args = parse("--arch", "roberta_dpt")
+    assert (args.dpt_preset, args.dpt_prompt, args.dpt_bottleneck, args.dpt_init) == ("dpt", "low-rank", 10, "uniform")
+
+
+# ---------------------------------------------------------------------- export
+@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+def test_exported_prompt_gives_the_same_logits(tiny, preset):
+    export_state = load_script("export_dpt_prompt").export_state
+    model = build(tiny, dpt_preset=preset, dpt_length=6, dpt_bottleneck=2, dpt_residual_bottleneck=8)
+    if preset == "dpt-rank-probe":
+        with torch.no_grad():
+            model.prompt.s.copy_(torch.tensor([0.4, -0.1, 2.0, -0.3, 0.0, 1.0]))
+    state = {"cfg": {"model": model.args}, "model": model.state_dict(), "last_optimizer_state": {}}
+    exported, P = export_state(state)
+
+    args = exported["cfg"]["model"]
+    assert args.dpt_prompt == "full" and model.args.dpt_prompt != "full"  # the original cfg is untouched
+    assert P.shape == ((LAYERS,) if preset == "deep-dpt" else ()) + (6, DIM)
+    assert torch.allclose(P, model.prompt().detach(), atol=1e-6)
+    assert not any(k.startswith("prompt.") and k != "prompt.weight" for k in exported["model"])
+    assert "last_optimizer_state" not in exported
+
+    plain = build(tiny, **{k: v for k, v in vars(args).items() if k.startswith(("dpt_", "prompt_"))})
+    plain.load_state_dict(exported["model"])  # compact: fingerprint checked, backbone from --backbone
+    assert plain.num_trainable_parameters() == P.numel()
+    assert torch.allclose(logits(plain), logits(model), atol=1e-5)
+
+
+def test_export_refuses_other_models():
+    export_state = load_script("export_dpt_prompt").export_state
+    with pytest.raises(ValueError, match="not a roberta_dpt checkpoint \\(--arch roberta\\)"):
+        export_state({"cfg": {"model": argparse.Namespace(arch="roberta")}, "model": {}})
+
+
+# ---------------------------------------------------------------------- counts and plot
+def test_count_tables_follow_the_formulas_at_every_size():
+    from fairseq_idpg.counts.dpt import BOTTLENECK, L_PROMPT, RESIDUAL_M, TABLES
+
+    sizes = {"RoBERTa-large": (1024, 24), "RoBERTa-base": (768, 12), "stand-in": (384, 6)}
+    order = ["dpt", "prompt-tuning", "residual-prompt", "dpt-rank-probe", "deep-dpt", "deep-prompt-tuning"]
+    assert len(TABLES) == 3
+    for title, rows_fn in TABLES:
+        (d, L), = [v for k, v in sizes.items() if k in title]
+        ours = [row[1] for row in rows_fn()]
+        l, b = L_PROMPT, BOTTLENECK
+        assert ours == [FORMULAS[p](l, b, l, RESIDUAL_M, d, L) for p in order], title
+    assert ours[0] == 4_840  # the stand-in (d = 384): 100 x 10 + 10 x 384
+
+
+def test_plot_reads_validations_of_a_fairseq_log(tmp_path):
+    plot = load_script("plot_rank_probe")
+    read_log, main = plot.read_log, plot.main
+    log = "\n".join([
+        "2026 | INFO | fairseq_cli.train | {'model': Namespace(arch='roberta_dpt', dpt_probe_rank=100, dpt_length=100)}",
+        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.69 | accuracy 52 | prompt_rank 97 | wps 1 | num_updates 20",
+        "2026 | INFO | train_inner | epoch 001:     40 / 99 loss=0.6, num_updates=40",
+        "2026 | INFO | valid | epoch 001 | valid on 'valid1' subset | loss 0.7 | prompt_rank 97 | num_updates 20",
+        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.61 | accuracy 60 | prompt_rank 88 | wps 1 | num_updates 40",
+    ])
+    assert read_log(log) == (100, [(20, 97), (40, 88)])
+    (tmp_path / "train.log").write_text(log)
+    pytest.importorskip("matplotlib")
+    assert main([str(tmp_path / "train.log"), "--out", str(tmp_path / "probe.png")]) == 0
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty.log").write_text(log.replace("prompt_rank", "other"))
+    assert main([str(tmp_path / "empty.log"), "--out", str(tmp_path / "x.png")]) == 2
+
+
+@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+def test_runs_in_bfloat16_close_to_float32(tiny, preset):
+    model = build(tiny, dpt_preset=preset, dpt_length=6, dpt_bottleneck=2, dpt_residual_bottleneck=8)
+    reference = logits(model)
+    half = model.to(torch.bfloat16)
+    out = logits(half)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), reference, atol=0.1 * reference.abs().max().item() + 0.02)

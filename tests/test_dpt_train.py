@@ -1,0 +1,107 @@
+"""roberta_dpt through fairseq-train and fairseq-validate on a slice of the real RTE files
+(../shared/data): the rank probe is logged at every validation, its plot is drawn from the log,
+and the exported l x d prompt scores exactly like the trained factors. A tiny random backbone
+(2 layers x 32) keeps it fast; the slow smoke test runs the main job on the offline stand-in
+(all-MiniLM-L6-v2 converted to fairseq RoBERTa format, the project's stand-in for roberta.large)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_idpg.conversion.tiny import write_tiny_roberta
+
+REPO = Path(__file__).resolve().parents[1]
+LENGTH = 8
+
+
+@pytest.fixture(scope="module")
+def rte_slice(shared_data, tmp_path_factory):
+    """The first 48 train and 32 dev rows of RTE (pairs), prepared for the tiny backbone."""
+    root = tmp_path_factory.mktemp("dpt_train")
+    tiny = Path(write_tiny_roberta(root / "tiny"))
+    raw = root / "raw"
+    raw.mkdir()
+    for name, rows in (("train.tsv", 48), ("dev.tsv", 32)):
+        lines = (shared_data / "glue" / "RTE" / name).read_text().splitlines(keepends=True)
+        (raw / name).write_text("".join(lines[: rows + 1]))  # header + rows
+    data = root / "bin"
+    cmd = [sys.executable, REPO / "scripts" / "prepare_data.py", "RTE", "--raw", raw, "--out", data,
+           "--bpe", "wordpiece", "--vocab", tiny / "vocab.txt", "--workers", "1"]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    return root, tiny, data
+
+
+def run(cmd, timeout=300):
+    out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + out.stderr
+
+
+def valid_fields(log):
+    rows = []
+    for line in log.splitlines():
+        if "valid on 'valid' subset" in line:
+            parts = [p.strip().split(" ", 1) for p in line.split("subset |", 1)[1].split("|")]
+            rows.append({k: v for k, v in (p for p in parts if len(p) == 2)})
+    return rows
+
+
+def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_slice):
+    root, tiny, data = rte_slice
+    save = root / "probe"
+    log = run([
+        sys.executable, "-m", "fairseq_idpg.launch", "--nproc", "1", "--total-batch", "8", "--",
+        data, "--user-dir", REPO / "fairseq_idpg", "--task", "peft_sentence_prediction",
+        "--criterion", "sentence_prediction_metrics", "--init-token", "0", "--separator-token", "2",
+        "--arch", "roberta_dpt", "--dpt-preset", "dpt-rank-probe", "--dpt-length", LENGTH,
+        "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "4", "--backbone", tiny / "model.pt", "--save-trainable-only",
+        "--optimizer", "adam", "--lr", "0.3", "--max-update", "6", "--validate-interval-updates", "2",
+        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
+        "--save-dir", save, "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0", "--cpu",
+    ])
+    (save / "train.log").write_text(log)
+
+    valid = valid_fields(log)
+    assert [int(v["num_updates"]) for v in valid] == [2, 4, 6]
+    ranks = [int(v["prompt_rank"]) for v in valid]
+    last = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert ranks[-1] == int((last["model"]["prompt.s"] > 0).sum())  # logged = counted in the weights
+    assert all(0 <= b <= a <= LENGTH for a, b in zip([LENGTH] + ranks, ranks))  # only falls from r = l
+    assert not any(k.startswith("encoder.") for k in last["model"])  # compact checkpoint
+
+    png = root / "probe.png"
+    out = run([sys.executable, REPO / "scripts" / "plot_rank_probe.py", save / "train.log", "--out", png])
+    assert f"positive entries {ranks[0]} -> {ranks[-1]} of r = {LENGTH}" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    out = run([sys.executable, REPO / "scripts" / "export_dpt_prompt.py", save / "checkpoint_last.pt", "--check"])
+    assert f"P [{LENGTH}, 32]" in out
+    diff = float(out.split("largest |logit difference| on random inputs: ")[1].split()[0])
+    assert diff < 1e-5
+    scores = []
+    for name in ("checkpoint_last.pt", "checkpoint_last_exported.pt"):
+        out = run(["fairseq-validate", data, "--user-dir", REPO / "fairseq_idpg", "--path", save / name,
+                   "--cpu", "--batch-size", "16", "--num-workers", "0"])
+        fields = valid_fields(out)[-1]
+        scores.append((fields["loss"], fields["accuracy"], fields["f1"]))
+    assert scores[0] == scores[1]
+    assert scores[0][:2] == (valid[-1]["loss"], valid[-1]["accuracy"])  # fairseq-train's last validation
+
+
+@pytest.mark.slow
+def test_main_job_trains_dpt_on_the_standin(tmp_path, shared_data):
+    """scripts/run.sh RTE --method dpt: prepare, fairseq-train (8 updates, one validation),
+    fairseq-validate of the compact checkpoint."""
+    out = run(["bash", REPO / "scripts" / "run.sh", "RTE", "--method", "dpt", "--max-update", "8",
+               "--validate-interval-updates", "8", "--work-dir", tmp_path], timeout=900)
+    assert "valid: loss" in out and "accuracy" in out
+    save = tmp_path / "checkpoints" / "standin" / "RTE" / "dpt"
+    results = json.loads((save / "results.json").read_text())
+    assert 0.0 <= float(results["results"]["valid"]["accuracy"]) <= 100.0
+    state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert state["model"]["prompt.A"].shape == (100, 10) and state["model"]["prompt.B"].shape == (10, 384)
+    assert not any(k.startswith("encoder.") for k in state["model"])  # the method saves compact checkpoints
