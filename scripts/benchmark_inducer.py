@@ -11,8 +11,12 @@ backbone of the given shape (speed and memory do not depend on the weights' valu
 
 - Time: every method's model is built in this process; rounds interleave the methods (each
   round times ``--steps`` steps of every method after a warm-up), and the median over rounds is
-  reported, so a slower moment of a shared machine hits all methods alike. Ratios: each method /
-  LoRA (the issue's goal: inducer-tuning <= 1.20) and each method / full fine-tuning.
+  reported. On CPU the clock is the CPU time of the calling thread (``time.thread_time``) with
+  one torch thread (``--threads 1``, the default): the thread does all the work (autograd
+  runs CPU backward on the caller), and its CPU time does not grow when other processes share
+  the cores, which wall time does many times over on a loaded machine (the wall time is printed
+  too). On CUDA: wall time between synchronisations. Ratios: each method / LoRA (the issue's
+  goal: inducer-tuning <= 1.20) and each method / full fine-tuning.
 - Peak memory: each method in a fresh subprocess of this script (``--memory-of NAME``). On CUDA
   ``torch.cuda.max_memory_allocated`` over the first training step; on CPU the peak resident
   set (VmHWM, reset through /proc/self/clear_refs after the model is built) minus the resident
@@ -97,19 +101,23 @@ def time_all(args, device):
     for name, (model, optimizer) in built.items():
         for _ in range(args.warmup):
             step(model, optimizer, tokens, labels)
+    cpu_clock = device.type == "cpu" and args.threads == 1  # thread CPU time is the whole step's
     times = {name: [] for name in built}
+    walls = {name: [] for name in built}
     for _ in range(args.rounds):
         for name, (model, optimizer) in built.items():
             sync(device)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             for _ in range(args.steps):
                 step(model, optimizer, tokens, labels)
             sync(device)
-            times[name].append((time.perf_counter() - start) / args.steps)
+            walls[name].append((time.perf_counter() - start) / args.steps)
+            times[name].append((time.thread_time() - start_cpu) / args.steps if cpu_clock else walls[name][-1])
     trainable = {name: m.num_trainable_parameters() if hasattr(m, "num_trainable_parameters")
                  else sum(p.numel() for n, p in m.named_parameters() if not n.startswith("classification_heads."))
                  for name, (m, _) in built.items()}
-    return {name: statistics.median(t) for name, t in times.items()}, trainable
+    median = lambda d: {name: statistics.median(t) for name, t in d.items()}  # noqa: E731
+    return median(times), median(walls), trainable, "thread CPU time" if cpu_clock else "wall time"
 
 
 def rss_kb(field):
@@ -150,7 +158,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=3, help="steps per method per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads); 1: time the thread's CPU time")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     p.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one method's memory, in a subprocess
@@ -168,7 +176,7 @@ def main(argv=None):
         print(json.dumps({"peak_mib": memory_of(args.memory_of, args, device)}))
         return 0
 
-    times, trainable = time_all(args, device)
+    times, walls, trainable, clock = time_all(args, device)
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("layers", "dim", "heads", "ffn", "vocab", "batch", "length", "threads", "device")]
     memory = {}
     for name in args.methods:
@@ -180,16 +188,18 @@ def main(argv=None):
     print(f"shape: {args.layers} layers x {args.dim}, {args.heads} heads, ffn {args.ffn}, vocab {args.vocab}; "
           f"batch {args.batch} x {args.length} tokens; {device} ({args.threads} threads); "
           f"median of {args.rounds} rounds x {args.steps} steps")
-    print(f"{'method':<17}{'trainable':>12}{'step ms':>10}{'/ LoRA':>9}{'/ finetune':>12}{'peak MiB':>10}{'/ finetune':>12}")
+    print(f"{'method':<17}{'trainable':>12}{'step ms':>10}{'/ LoRA':>9}{'/ finetune':>12}{'peak MiB':>10}{'/ finetune':>12}{'wall ms':>10}")
     for name in args.methods:
         print(f"{name:<17}{trainable[name]:>12,}{1000 * times[name]:>10.1f}{times[name] / times['lora']:>9.2f}"
-              f"{times[name] / times['finetune']:>12.2f}{memory[name]:>10.0f}{memory[name] / memory['finetune']:>12.2f}")
-    print(f"memory: {how} of the first training step (activations, gradients, Adam state)")
+              f"{times[name] / times['finetune']:>12.2f}{memory[name]:>10.0f}{memory[name] / memory['finetune']:>12.2f}"
+              f"{1000 * walls[name]:>10.1f}")
+    print(f"step time: {clock}; memory: {how} of the first training step (activations, gradients, Adam state)")
     if "inducer" in times:
         print(f"inducer-tuning / LoRA step time: {times['inducer'] / times['lora']:.2f} (goal <= 1.20)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "step_s": times, "peak_mib": memory, "trainable": trainable}, f, indent=1)
+            json.dump({"args": vars(args), "clock": clock, "step_s": times, "wall_s": walls, "peak_mib": memory,
+                       "trainable": trainable}, f, indent=1)
     return 0
 
 
