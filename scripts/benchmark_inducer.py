@@ -17,10 +17,14 @@ backbone of the given shape (speed and memory do not depend on the weights' valu
   the cores, which wall time does many times over on a loaded machine (the wall time is printed
   too). On CUDA: wall time between synchronisations. Ratios: each method / LoRA (the issue's
   goal: inducer-tuning <= 1.20) and each method / full fine-tuning.
-- Peak memory: each method in a fresh subprocess of this script (``--memory-of NAME``). On CUDA
-  ``torch.cuda.max_memory_allocated`` over the first training step; on CPU the peak resident
-  set (VmHWM, reset through /proc/self/clear_refs after the model is built) minus the resident
-  set before that step: activations, gradients and the Adam state the first step allocates.
+- Memory, each method in a fresh subprocess of this script (``--memory-of NAME``):
+  "saved MiB": the bytes autograd keeps for backward during one forward (distinct storages,
+  counted through ``torch.autograd.graph.saved_tensors_hooks``): the activation memory, exact
+  and independent of the allocator; "peak MiB": on CUDA ``torch.cuda.max_memory_allocated``
+  over the first training step, on CPU the peak resident set (VmHWM, reset through
+  /proc/self/clear_refs after the model is built) minus the resident set before that step
+  (activations, gradients and the Adam state the first step allocates; the allocator makes it
+  coarser than the CUDA figure).
 """
 import argparse
 import json
@@ -128,10 +132,30 @@ def rss_kb(field):
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def saved_for_backward(model, tokens):
+    """MiB of the distinct storages autograd saves during one forward of ``model``."""
+    storages = {}
+
+    def pack(t):
+        storages[(t.untyped_storage().data_ptr(), t.device)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits, _ = model(tokens, classification_head_name="head")
+    del logits
+    frozen = {(p.untyped_storage().data_ptr(), p.device) for p in model.parameters()}  # weights are not activations
+    return sum(n for key, n in storages.items() if key not in frozen) / 2**20
+
+
 def memory_of(name, args, device):
-    """Peak memory (MiB) of the first training step of ``name`` (see the module docstring)."""
+    """Saved-for-backward and peak memory (MiB) of ``name`` (see the module docstring)."""
     model, optimizer = build(name, args, device)
     tokens, labels = batch(args, device)
+    saved = saved_for_backward(model, tokens)
+    return saved, peak_of_first_step(model, optimizer, tokens, labels, device)
+
+
+def peak_of_first_step(model, optimizer, tokens, labels, device):
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -173,33 +197,36 @@ def main(argv=None):
     device = torch.device(args.device)
 
     if args.memory_of:
-        print(json.dumps({"peak_mib": memory_of(args.memory_of, args, device)}))
+        saved, peak = memory_of(args.memory_of, args, device)
+        print(json.dumps({"saved_mib": saved, "peak_mib": peak}))
         return 0
 
     times, walls, trainable, clock = time_all(args, device)
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("layers", "dim", "heads", "ffn", "vocab", "batch", "length", "threads", "device")]
-    memory = {}
+    memory, saved = {}, {}
     for name in args.methods:
         out = subprocess.run([sys.executable, __file__, *passthrough, f"--memory-of={name}"],
                              capture_output=True, text=True, check=True)
-        memory[name] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+        numbers = json.loads(out.stdout.strip().splitlines()[-1])
+        memory[name], saved[name] = numbers["peak_mib"], numbers["saved_mib"]
 
     how = "CUDA max_memory_allocated" if device.type == "cuda" else "peak RSS (VmHWM) delta"
     print(f"shape: {args.layers} layers x {args.dim}, {args.heads} heads, ffn {args.ffn}, vocab {args.vocab}; "
           f"batch {args.batch} x {args.length} tokens; {device} ({args.threads} threads); "
           f"median of {args.rounds} rounds x {args.steps} steps")
-    print(f"{'method':<17}{'trainable':>12}{'step ms':>10}{'/ LoRA':>9}{'/ finetune':>12}{'peak MiB':>10}{'/ finetune':>12}{'wall ms':>10}")
+    print(f"{'method':<17}{'trainable':>12}{'step ms':>10}{'/ LoRA':>8}{'/ finetune':>11}"
+          f"{'saved MiB':>10}{'/ LoRA':>8}{'peak MiB':>10}{'/ finetune':>11}{'wall ms':>10}")
     for name in args.methods:
-        print(f"{name:<17}{trainable[name]:>12,}{1000 * times[name]:>10.1f}{times[name] / times['lora']:>9.2f}"
-              f"{times[name] / times['finetune']:>12.2f}{memory[name]:>10.0f}{memory[name] / memory['finetune']:>12.2f}"
-              f"{1000 * walls[name]:>10.1f}")
+        print(f"{name:<17}{trainable[name]:>12,}{1000 * times[name]:>10.1f}{times[name] / times['lora']:>8.2f}"
+              f"{times[name] / times['finetune']:>11.2f}{saved[name]:>10.1f}{saved[name] / saved['lora']:>8.2f}"
+              f"{memory[name]:>10.0f}{memory[name] / memory['finetune']:>11.2f}{1000 * walls[name]:>10.1f}")
     print(f"step time: {clock}; memory: {how} of the first training step (activations, gradients, Adam state)")
     if "inducer" in times:
         print(f"inducer-tuning / LoRA step time: {times['inducer'] / times['lora']:.2f} (goal <= 1.20)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "clock": clock, "step_s": times, "wall_s": walls, "peak_mib": memory,
-                       "trainable": trainable}, f, indent=1)
+                       "saved_mib": saved, "trainable": trainable}, f, indent=1)
     return 0
 
 
