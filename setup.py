@@ -51,6 +51,6 @@ setup(
         "tokenizers>=0.13",  # WordPiece for BERT-derived encoders (the offline stand-in)
         "safetensors",
     ],
-    extras_require={"test": ["pytest", "transformers"]},
+    extras_require={"test": ["pytest", "transformers", "matplotlib"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

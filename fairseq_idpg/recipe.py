@@ -239,7 +239,8 @@ def main(argv=None):
     print("times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     (save / "results.json").write_text(json.dumps(
         {"task": task, "model": args.model, "method": args.method, "metric": metric, "results": results,
-         "timings": timings, "updates": updates, "lr": lr, "total_batch": total_batch}, indent=1))
+         "timings": timings, "updates": updates, "lr": lr, "total_batch": total_batch,
+         "command": shlex.join(["scripts/run.sh", *(sys.argv[1:] if argv is None else argv)])}, indent=1))
     return 0
 
 

@@ -1,0 +1,40 @@
+"""scripts/collect_results.py: the docs/results.md table from run.sh's results.json and train.log."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_run(root, task, method, accuracy, trained):
+    run = root / "standin" / task / method
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({
+        "task": task, "method": method, "metric": "accuracy", "results": {"valid": {"accuracy": accuracy, "f1": "1.0"}},
+        "updates": 100, "lr": 0.005, "total_batch": 32}))
+    (run / "train.log").write_text(
+        f"2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 22,915,148 (num. trained: {trained:,})\n")
+
+
+def collect(*args):
+    return subprocess.run([sys.executable, REPO / "scripts" / "collect_results.py", *args],
+                          capture_output=True, text=True)
+
+
+def test_table_rows_cells_and_missing_runs(tmp_path):
+    write_run(tmp_path, "SST-2", "m-idpg-phm", "73.2", 170642)
+    write_run(tmp_path, "RTE", "m-idpg-phm", "54.5", 170642)
+    write_run(tmp_path, "SST-2", "prompt-tuning", "66.3", 150530)
+    out = collect("--checkpoints", str(tmp_path), "--methods", "prompt-tuning,m-idpg-phm,absent")
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.strip().splitlines()
+    assert rows[0] == "| method | trained (incl. head) | SST-2 dev | RTE dev | updates (batch), lr |"
+    assert rows[2:] == ["| prompt-tuning | 150,530 | 66.3 (accuracy) | - | 100 (32), 0.005 |",
+                        "| m-idpg-phm | 170,642 | 73.2 (accuracy) | 54.5 (accuracy) | 100 (32), 0.005 |"]
+
+
+def test_missing_folder_is_a_one_line_error(tmp_path):
+    out = collect("--checkpoints", str(tmp_path / "nothing"))
+    assert out.returncode == 2
+    assert "--checkpoints/--model: " in out.stderr and "does not exist (run scripts/run.sh first)" in out.stderr
