@@ -33,20 +33,18 @@ def read_run(folder):
 
 def table(root, tasks, methods):
     runs = {(t, m): read_run(root / t / m) for t in tasks for m in methods}
-    lines = ["| method | trained (incl. head) | " + " | ".join(f"{t} dev" for t in tasks) + " | updates (batch), lr |",
-             "|---|---:|" + "---:|" * len(tasks) + "---|"]
+    lines = ["| method | trained (incl. head) | " + " | ".join(f"{t} dev" for t in tasks) + " | lr | updates (batch) |",
+             "|---|---:|" + "---:|" * len(tasks) + "---:|---|"]
     for m in methods:
         done = [runs[t, m] for t in tasks if runs[t, m]]
         if not done:
             continue
         trained = next((r["trained"] for r in done if r["trained"] is not None), None)
-        cells = []
-        for t in tasks:
-            r = runs[t, m]
-            cells.append(f"{r['results']['valid'][r['metric']]} ({r['metric']})" if r else "-")
-        schedule = "; ".join(sorted({f"{r.get('updates', '?')} ({r.get('total_batch', '?')}), {r.get('lr', '?')}" for r in done}))
+        cells = [f"{r['results']['valid'][r['metric']]} ({r['metric']})" if r else "-" for r in (runs[t, m] for t in tasks)]
+        lr = " / ".join(sorted({f"{r.get('lr', '?'):g}" if "lr" in r else "?" for r in done}))
+        updates = " / ".join(f"{r.get('updates', '?')} ({r.get('total_batch', '?')})" if r else "-" for r in (runs[t, m] for t in tasks))
         count = f"{trained:,}" if trained is not None else "?"
-        lines.append(f"| {m} | {count} | " + " | ".join(cells) + f" | {schedule} |")
+        lines.append(f"| {m} | {count} | " + " | ".join(cells) + f" | {lr} | {updates} |")
     return "\n".join(lines)
 
 

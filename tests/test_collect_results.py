@@ -29,9 +29,9 @@ def test_table_rows_cells_and_missing_runs(tmp_path):
     out = collect("--checkpoints", str(tmp_path), "--methods", "prompt-tuning,m-idpg-phm,absent")
     assert out.returncode == 0, out.stderr
     rows = out.stdout.strip().splitlines()
-    assert rows[0] == "| method | trained (incl. head) | SST-2 dev | RTE dev | updates (batch), lr |"
-    assert rows[2:] == ["| prompt-tuning | 150,530 | 66.3 (accuracy) | - | 100 (32), 0.005 |",
-                        "| m-idpg-phm | 170,642 | 73.2 (accuracy) | 54.5 (accuracy) | 100 (32), 0.005 |"]
+    assert rows[0] == "| method | trained (incl. head) | SST-2 dev | RTE dev | lr | updates (batch) |"
+    assert rows[2:] == ["| prompt-tuning | 150,530 | 66.3 (accuracy) | - | 0.005 | 100 (32) / - |",
+                        "| m-idpg-phm | 170,642 | 73.2 (accuracy) | 54.5 (accuracy) | 0.005 | 100 (32) / 100 (32) |"]
 
 
 def test_missing_folder_is_a_one_line_error(tmp_path):
