@@ -43,7 +43,7 @@ setup(
     py_modules=["fairseq_idpg_compat"],
     python_requires=">=3.8",
     install_requires=[
-        "torch>=1.13",
+        "torch>=2.1",  # scaled_dot_product_attention(scale=), torch.device as a context manager
         "numpy",
         "scipy",
         "sentencepiece",

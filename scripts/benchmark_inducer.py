@@ -143,8 +143,8 @@ def saved_for_backward(model, tokens):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits, _ = model(tokens, classification_head_name="head")
     del logits
-    frozen = {(p.untyped_storage().data_ptr(), p.device) for p in model.parameters()}  # weights are not activations
-    return sum(n for key, n in storages.items() if key not in frozen) / 2**20
+    weights = {(p.untyped_storage().data_ptr(), p.device) for p in model.parameters()}  # not activations
+    return sum(n for key, n in storages.items() if key not in weights) / 2**20
 
 
 def memory_of(name, args, device):

@@ -41,7 +41,7 @@ def table(root, tasks, methods):
             continue
         trained = next((r["trained"] for r in done if r["trained"] is not None), None)
         cells = [f"{r['results']['valid'][r['metric']]} ({r['metric']})" if r else "-" for r in (runs[t, m] for t in tasks)]
-        lr = " / ".join(sorted({f"{r.get('lr', '?'):g}" if "lr" in r else "?" for r in done}))
+        lr = " / ".join(sorted({f"{r['lr']:g}" if "lr" in r else "?" for r in done}))
         updates = " / ".join(f"{r.get('updates', '?')} ({r.get('total_batch', '?')})" if r else "-" for r in (runs[t, m] for t in tasks))
         count = f"{trained:,}" if trained is not None else "?"
         lines.append(f"| {m} | {count} | " + " | ".join(cells) + f" | {lr} | {updates} |")

@@ -129,6 +129,8 @@ def test_dtype_is_part_of_the_key(rte, backbones, tmp_path):  # noqa: F811
     sample = batches(task, "valid")[0]
     model.eval()
     full, _ = model(**sample["net_input"], classification_head_name="sentence_classification_head")
+    assert model._cache(0, "float32").num_filled == len(sample["id"])
+    assert model._cache(0, "bfloat16").num_filled == 0
     model.to(torch.bfloat16)
     half, _ = model(**sample["net_input"], classification_head_name="sentence_classification_head")
     assert half.dtype == torch.bfloat16 and torch.allclose(half.float(), full, atol=0.1)

@@ -9,7 +9,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 from test_inducer_support import build, logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
 
-from fairseq_idpg.counts.inducer import inducer_rows
+from fairseq_idpg.counts.inducer import baseline_rows, inducer_rows
 from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel
 from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
 from fairseq_idpg.modules.inducer import Inducer
@@ -198,7 +198,7 @@ def test_presets_build_the_table5_blocks_and_only_they_train(tiny):
 def test_counts_match_the_paper():
     rows = inducer_rows()
     assert len(rows) == 6
-    for method, ours, paper in rows:
+    for method, ours, paper in rows + baseline_rows():  # + Houlsby, Compacter, prefix, LoRA, MAM, BitFit
         assert ours == paper, method
 
 

@@ -30,11 +30,8 @@ Build-time checks (one line naming the flag): a low-rank prompt needs b < min(l,
 r <= min(l, d); the l prompt vectors must leave room for an input within ``--max-positions``
 (the task then truncates inputs to ``--max-positions`` - l).
 """
-import json
 import logging
-import os
 
-import torch
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
@@ -48,7 +45,7 @@ from fairseq_idpg.modules.low_rank_prompt import (
     RankProbePrompt,
     ResidualPrompt,
 )
-from fairseq_idpg.modules.prompt_insertion import check_position
+from fairseq_idpg.modules.prompt_insertion import MIN_INPUT_TOKENS, check_position, task_is_pair
 from fairseq_idpg.modules.prompted_encoder import prompted_features
 
 logger = logging.getLogger(__name__)
@@ -72,7 +69,6 @@ DEFAULTS = {  # SPEC section 2: l = 100, b = 10; residual PT bottleneck 400; uni
     "dpt_residual_bottleneck": 400,
     "prompt_position": 0,
 }
-MIN_INPUT_TOKENS = 4  # <s> A </s></s> B </s> with empty texts: the task's own minimum
 RANK_LOG_KEY = "prompt_rank"
 RANK_LOG_PRIORITY = 30  # printed after loss, accuracy and the GLUE metrics
 
@@ -146,18 +142,6 @@ def build_prompt(args, dim, num_layers):
     if args.dpt_prompt == "rank-probe":
         return RankProbePrompt(l, dim, args.dpt_probe_rank, init=init, scale=scale, s_init=args.dpt_probe_s_init)
     return ResidualPrompt(l, dim, args.dpt_residual_bottleneck, init=init, scale=scale)
-
-
-def task_is_pair(task):
-    """Whether the task's inputs are sentence pairs (from the prepared data), None if unknown."""
-    data = getattr(getattr(task, "cfg", None), "data", None)
-    if not isinstance(data, str) or not os.path.isdir(data):
-        return None
-    info = os.path.join(data, "task.json")
-    if os.path.isfile(info):
-        with open(info) as f:
-            return bool(json.load(f).get("pair"))
-    return os.path.isdir(os.path.join(data, "input1"))
 
 
 @register_model("roberta_dpt")

@@ -19,7 +19,6 @@ function of the frozen backbone and the example, so a cached row equals a recomp
 Presets (``--idpg-preset``, one per row of IDPG Table 1 / Table 2; explicit flags override):
 see ``PRESETS``. Methods of the same names are registered for ``scripts/run.sh --method``.
 """
-import json
 import logging
 import os
 from pathlib import Path
@@ -40,7 +39,7 @@ from fairseq_idpg.methods import register_method
 from fairseq_idpg.modules.glove import GloveSentenceEncoder, read_glove_dim
 from fairseq_idpg.modules.idpg_detokenize import Detokenizer
 from fairseq_idpg.modules.prompt_generator import KINDS, PromptGenerator
-from fairseq_idpg.modules.prompt_insertion import POSITIONS, check_position
+from fairseq_idpg.modules.prompt_insertion import MIN_INPUT_TOKENS, check_position, task_is_pair
 from fairseq_idpg.modules.prompted_encoder import prompted_features
 
 from .frozen_roberta import FrozenBackboneRobertaModel
@@ -50,7 +49,6 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_GLOVE = REPO / "data" / "glove" / "glove.6B.300d.txt"  # where scripts/download.sh glove puts it
 DEFAULT_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fairseq_idpg", "idpg")
-MIN_INPUT_TOKENS = 4  # <s> A </s></s> B </s> with empty sentences: the task's smallest input
 
 # One preset per row of IDPG Table 1 / Table 2 (SPEC section 1 and the released scripts).
 PRESETS = {
@@ -110,20 +108,6 @@ def generator_input_dim(args):
     return read_glove_dim(glove_path(args)) if args.idpg_input == "glove" else args.encoder_embed_dim
 
 
-def task_is_pair(task):
-    """Whether the task's data are sentence pairs; None when it cannot be told (no data folder)."""
-    data = getattr(getattr(task, "cfg", None), "data", None)
-    if not data:
-        return None
-    info = os.path.join(data, "task.json")
-    if os.path.isfile(info):
-        with open(info) as f:
-            return bool(json.load(f)["pair"])
-    if os.path.isdir(os.path.join(data, "input0")):
-        return os.path.isdir(os.path.join(data, "input1"))
-    return None
-
-
 def _choice(args, dest, valid):
     value = getattr(args, dest)
     if value not in valid:
@@ -146,11 +130,8 @@ def check_idpg_args(args, task=None):
             f"--idpg-prompt-length {t}: the prompt plus the shortest input ({MIN_INPUT_TOKENS} tokens) "
             f"must fit --max-positions {max_pos}: use 1 to {max_pos - MIN_INPUT_TOKENS}"
         )
-    if args.prompt_position not in POSITIONS:
-        raise ValueError(f"--prompt-position must be one of 0-4, got {args.prompt_position}")
     is_pair = task_is_pair(task)
-    if is_pair is not None:
-        check_position(args.prompt_position, is_pair)
+    check_position(args.prompt_position, True if is_pair is None else is_pair)  # range; pairs when known
     generated = args.idpg_generator != "none"
     multi = args.idpg_depth == "multi"
     if (args.idpg_residual or args.idpg_layer_norm) and (not generated or multi):

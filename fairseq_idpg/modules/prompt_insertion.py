@@ -20,10 +20,30 @@ One implementation for every prompt method (prompt tuning, IDPG, DPT, residual p
   ids carry a non-pad filler at the prompt slots, so that fairseq's own encoder computes
   the padding mask (0 at prompt slots) and the learned positions from them unchanged.
 """
+import json
+import os
+
 import torch
 
 PAIR_ONLY_POSITIONS = (2, 3)
 POSITIONS = (0, 1, 2, 3, 4)
+MIN_INPUT_TOKENS = 4  # <s> A </s></s> B </s> with empty sentences: the task's smallest input
+
+
+def task_is_pair(task):
+    """Whether the task's data are sentence pairs (its ``task.json``, else an ``input1/`` folder
+    beside ``input0/``); None when it cannot be told (no prepared data folder)."""
+    data = getattr(getattr(task, "cfg", None), "data", None)
+    if not isinstance(data, str) or not os.path.isdir(data):
+        return None
+    info = os.path.join(data, "task.json")
+    if os.path.isfile(info):
+        with open(info) as f:
+            pair = json.load(f).get("pair")
+        return None if pair is None else bool(pair)
+    if os.path.isdir(os.path.join(data, "input0")):
+        return os.path.isdir(os.path.join(data, "input1"))
+    return None
 
 
 def check_position(position, is_pair):

@@ -15,19 +15,24 @@ prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual pr
 
 The layer loop is fairseq's (``TransformerEncoder.forward_scriptable``) with the addition in
 between; the inserted prompt lengths are the same for every example, so the addition is one
-masked scatter over the batch (no loop over examples or tokens).
+gather over the batch (no loop over examples or tokens).
 """
+import torch
+
 from .prompt_insertion import insert_prompts, insertion_index
 
 
 def add_at_slots(x, slots, prompt):
-    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``."""
+    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``.
+
+    Gather + masked fill, like ``insert_prompts``: a boolean-mask assignment would make CUDA
+    wait for the host once per layer."""
     bsz, _, dim = x.shape
     if prompt.dim() == 2:
         prompt = prompt.unsqueeze(0).expand(bsz, -1, -1)
-    delta = x.new_zeros(x.shape)
-    delta[slots] = prompt.reshape(-1, dim).to(x.dtype)  # row-major: example, then prompt index
-    return x + delta
+    prompt_idx = (slots.cumsum(1) - 1).clamp(0, prompt.size(1) - 1)  # j-th slot of a row -> prompt row j
+    rows = torch.gather(prompt.to(x.dtype), 1, prompt_idx.unsqueeze(-1).expand(-1, -1, dim))
+    return x + rows.masked_fill(~slots.unsqueeze(-1), 0)
 
 
 def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_prompts=None, filler_idx=None):

@@ -16,8 +16,6 @@ each loaded split
 A model without ``attach_sentence_cache`` (or one that says ``wants_sentence_cache() == False``:
 prompt tuning, P-tuning v2, ``--idpg-cache off``) gets exactly ``peft_sentence_prediction``.
 """
-from dataclasses import dataclass
-
 from fairseq.tasks import register_task
 
 from fairseq_idpg.data.sentence_representation_cache import WithSentenceIds, dataset_identity
@@ -25,12 +23,7 @@ from fairseq_idpg.data.sentence_representation_cache import WithSentenceIds, dat
 from .peft_sentence_prediction import PeftSentencePredictionConfig, PeftSentencePredictionTask
 
 
-@dataclass
-class IdpgSentencePredictionConfig(PeftSentencePredictionConfig):
-    pass
-
-
-@register_task("idpg_sentence_prediction", dataclass=IdpgSentencePredictionConfig)
+@register_task("idpg_sentence_prediction", dataclass=PeftSentencePredictionConfig)  # same options, ids in batches
 class IdpgSentencePredictionTask(PeftSentencePredictionTask):
     def __init__(self, cfg, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)

@@ -38,6 +38,7 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import open_dict
 
 from fairseq_idpg.data import TruncatedSentencesDataset
+from fairseq_idpg.modules.prompt_insertion import MIN_INPUT_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +73,10 @@ class PeftSentencePredictionTask(SentencePredictionTask):
     def set_num_inserted_tokens(self, n):
         """Reserve ``n`` positions per example for tokens a method inserts (prompts)."""
         n = int(n)
-        min_tokens = 4  # <s> </s> </s> </s> of a pair
-        if self.cfg.max_positions - n < min_tokens:
+        if self.cfg.max_positions - n < MIN_INPUT_TOKENS:
             raise ValueError(
                 f"{n} inserted tokens do not fit --max-positions {self.cfg.max_positions}: "
-                f"at most {self.cfg.max_positions - min_tokens} leave room for the input"
+                f"at most {self.cfg.max_positions - MIN_INPUT_TOKENS} leave room for the input"
             )
         stale = [s for s, used in self._loaded_with.items() if used != n]
         if stale:
