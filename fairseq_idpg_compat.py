@@ -48,6 +48,7 @@ torchaudio is never imported by the workflow: fairseq imports it lazily in speec
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
 """
+
 import importlib.abc
 import importlib.util
 import sys

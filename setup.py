@@ -7,6 +7,7 @@ does not load. The fixes that fairseq 0.12.2 needs on Python 3.11 / torch >= 2.6
 at start-up. Both the regular and the editable (PEP 660) install put the .pth file into
 site-packages, and ``pip uninstall`` removes it.
 """
+
 import os
 import shutil
 
@@ -37,8 +38,7 @@ class editable_wheel_with_pth(editable_wheel):
 setup(
     name="fairseq-idpg",
     version="0.1.0",
-    description="Instance-dependent prompt generation, decomposed prompt tuning and "
-    "inducer-tuning for fairseq RoBERTa",
+    description="Instance-dependent prompt generation, decomposed prompt tuning and inducer-tuning for fairseq RoBERTa",
     packages=find_packages(include=["fairseq_idpg", "fairseq_idpg.*"]),
     py_modules=["fairseq_idpg_compat"],
     python_requires=">=3.8",
@@ -51,6 +51,6 @@ setup(
         "tokenizers>=0.13",  # WordPiece for BERT-derived encoders (the offline stand-in)
         "safetensors",
     ],
-    extras_require={"test": ["pytest", "transformers", "matplotlib"]},
+    extras_require={"test": ["pytest", "transformers", "matplotlib", "ruff==0.17.6"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

@@ -5,6 +5,7 @@ The fixes fairseq 0.12.2 needs on Python 3.11 / torch >= 2.6 are applied at inte
 start by ``fairseq_idpg_compat`` (see that module); importing it here too covers a process
 that put the checkout on ``sys.path`` without installing the project.
 """
+
 import fairseq_idpg_compat  # noqa: F401  (idempotent)
 
-from . import encoders, criterions, tasks, models  # noqa: F401,E402
+from . import criterions, encoders, models, tasks  # noqa: F401,E402

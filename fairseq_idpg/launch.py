@@ -11,6 +11,7 @@ On CUDA the backend is NCCL with PyTorch DDP; without a GPU (or with ``--cpu``) 
 with fairseq's ``legacy_ddp`` (PyTorch DDP on CPU refuses fairseq's ``device_ids``).
 ``scripts/train.sh`` is a thin wrapper.
 """
+
 import argparse
 import os
 import shlex
@@ -43,7 +44,12 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
         import torch
 
         cpu = _has_flag(train_args, "--cpu") or not torch.cuda.is_available()
-    args = list(train_args) + ["--batch-size", str(batch_size), "--update-freq", str(update_freq_for(total_batch, nproc, batch_size))]
+    args = list(train_args) + [
+        "--batch-size",
+        str(batch_size),
+        "--update-freq",
+        str(update_freq_for(total_batch, nproc, batch_size)),
+    ]
     if cpu and not _has_flag(args, "--cpu"):
         args.append("--cpu")
     if nproc == 1:
@@ -52,8 +58,19 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
         args += ["--distributed-backend", "gloo" if cpu else "nccl"]
     if not _has_flag(args, "--ddp-backend"):
         args += ["--ddp-backend", "legacy_ddp" if cpu else "pytorch_ddp"]
-    rdzv = ["--standalone"] if master_port is None else ["--master_addr", "127.0.0.1", "--master_port", str(master_port)]
-    return [python, "-m", "torch.distributed.run", *rdzv, "--nproc_per_node", str(nproc), "-m", "fairseq_cli.train"] + args
+    rdzv = (
+        ["--standalone"] if master_port is None else ["--master_addr", "127.0.0.1", "--master_port", str(master_port)]
+    )
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *rdzv,
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "fairseq_cli.train",
+    ] + args
 
 
 def main(argv=None):
@@ -63,18 +80,24 @@ def main(argv=None):
     else:
         ours, train_args = argv, []
     parser = argparse.ArgumentParser(prog="scripts/train.sh", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nproc", type=int, default=int(os.environ.get("NPROC", 1)), help="devices (processes); default $NPROC or 1")
+    parser.add_argument(
+        "--nproc", type=int, default=int(os.environ.get("NPROC", 1)), help="devices (processes); default $NPROC or 1"
+    )
     parser.add_argument("--total-batch", type=int, required=True, help="effective batch per update (the paper's)")
     parser.add_argument("--batch-size", type=int, default=None, help="per-device batch (default: total / nproc)")
     parser.add_argument("--cpu", action="store_true", help="force CPU (gloo) even if CUDA is available")
-    parser.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)")
+    parser.add_argument(
+        "--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     opts = parser.parse_args(ours)
     if not train_args:
         parser.error("give the fairseq-train arguments after --")
     batch_size = opts.batch_size or max(1, opts.total_batch // opts.nproc)
     try:
-        cmd = build_command(train_args, opts.nproc, opts.total_batch, batch_size, cpu=opts.cpu or None, master_port=opts.master_port)
+        cmd = build_command(
+            train_args, opts.nproc, opts.total_batch, batch_size, cpu=opts.cpu or None, master_port=opts.master_port
+        )
     except ValueError as e:
         parser.error(str(e))
     print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)

@@ -13,6 +13,7 @@ instead of NaN, with no warning (the conventions of scikit-learn's ``zero_divisi
 The criterion that logs them is ``fairseq_idpg/criterions/sentence_prediction_metrics.py``
 (see ``docs/metrics.md``).
 """
+
 import math
 
 import numpy as np

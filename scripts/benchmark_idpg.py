@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Training-step time of M-IDPG-PHM against prompt tuning and full fine-tuning, measured in one
-process on the same shapes (issue 3: "at prompt-tuning cost").
+process on the same shapes (IDPG section 3.1: M(x) can be cached, so IDPG costs about what prompt
+tuning does).
 
     python scripts/benchmark_idpg.py [--size standin|base|large] [--batch 32] [--seq-len 64]
                                      [--repeats 7] [--threads N] [--device cpu|cuda] [--fp16]
@@ -8,48 +9,56 @@ process on the same shapes (issue 3: "at prompt-tuning cost").
 One step = forward, backward and an Adam step, in train mode (dropout on), on random token ids of
 the given shape with a 2-class head, for:
 
-- ``prompt-tuning``: the roberta_idpg preset (t = 5 input prompts; the backbone is frozen but the
-  backward still runs through all its layers, down to the input prompt);
+- ``prompt-tuning-5``: the method record (``roberta_prompt``, t = 5 input prompts; the backbone is
+  frozen but the backward still runs through all its layers, down to the input prompt);
 - ``m-idpg-phm, cache``: M(x) read from the sentence-representation cache (the batch's rows were
   filled by a first step, as from epoch 2 on, or from the first epoch of a later run);
 - ``m-idpg-phm, no cache``: M(x) computed every step (``--idpg-cache off``: one more frozen forward);
-- ``fine-tuning``: fairseq's RobertaModel with every weight trained.
+- ``fine-tuning``: the ``finetune`` record, fairseq's RobertaModel with every weight trained.
 
 The models are random (weights do not change the cost) at the sizes of the offline stand-in
 (6 x 384, 12 heads, ffn 1536, vocab 30522), roberta-base or roberta-large. Methods are timed
 in turns (round robin) and the median of ``--repeats`` rounds is reported, so that the load of a
 shared machine falls on all of them alike. Prints the step times and the ratios.
 """
+
 import argparse
 import statistics
 import sys
 import time
-import types
 
 import torch
 import torch.nn.functional as F
 
 SIZES = {
-    "standin": dict(encoder_layers=6, encoder_embed_dim=384, encoder_ffn_embed_dim=1536, encoder_attention_heads=12, vocab=30522),
-    "base": dict(encoder_layers=12, encoder_embed_dim=768, encoder_ffn_embed_dim=3072, encoder_attention_heads=12, vocab=50265),
-    "large": dict(encoder_layers=24, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, vocab=50265),
+    "standin": dict(
+        encoder_layers=6, encoder_embed_dim=384, encoder_ffn_embed_dim=1536, encoder_attention_heads=12, vocab=30522
+    ),
+    "base": dict(
+        encoder_layers=12, encoder_embed_dim=768, encoder_ffn_embed_dim=3072, encoder_attention_heads=12, vocab=50265
+    ),
+    "large": dict(
+        encoder_layers=24, encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_attention_heads=16, vocab=50265
+    ),
+}
+
+
+KINDS = {  # timed kind -> (method record, options)
+    "prompt-tuning-5": ("prompt-tuning-5", {}),
+    "m-idpg-phm, cache": ("m-idpg-phm", {"idpg_cache": "memory"}),
+    "m-idpg-phm, no cache": ("m-idpg-phm", {"idpg_cache": "off"}),
+    "fine-tuning": ("finetune", {}),
 }
 
 
 def build(kind, size, dictionary):
-    from fairseq.models.roberta import RobertaModel
+    """The model of the kind's method record at ``size``, random weights, a 2-class head."""
+    from fairseq_idpg.methods import get_method
+    from fairseq_idpg.models.build import build_method
 
-    from fairseq_idpg.models.roberta_idpg import RobertaIdpgModel
-
+    method, options = KINDS[kind]
     dims = {k: v for k, v in SIZES[size].items() if k != "vocab"}
-    args = argparse.Namespace(arch="roberta_idpg", max_positions=512, **dims)
-    if kind == "fine-tuning":
-        model = RobertaModel.build_model(args, types.SimpleNamespace(source_dictionary=dictionary))
-    else:
-        preset, cache = {"prompt-tuning": ("prompt-tuning", "off"), "m-idpg-phm, cache": ("m-idpg-phm", "memory"),
-                         "m-idpg-phm, no cache": ("m-idpg-phm", "off")}[kind]
-        args.idpg_preset, args.idpg_cache = preset, cache
-        model = RobertaIdpgModel.build_model(args, types.SimpleNamespace(source_dictionary=dictionary))
+    model = build_method(get_method(method), dictionary, **dims, **options)
     model.register_classification_head("head", num_classes=2)
     return model
 
@@ -58,7 +67,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=SIZES, default="standin")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per example before the prompt (SST-2 ~ 25, RTE ~ 70 on average)")
+    p.add_argument(
+        "--seq-len", type=int, default=64, help="tokens per example before the prompt (SST-2 ~ 25, RTE ~ 70 on average)"
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
@@ -82,7 +93,7 @@ def main(argv=None):
     tokens, target = tokens.to(device), torch.randint(0, 2, (opts.batch,), device=device)
     ids = torch.arange(opts.batch, device=device)  # slot 0, examples 0..B-1
 
-    kinds = ["prompt-tuning", "m-idpg-phm, cache", "m-idpg-phm, no cache", "fine-tuning"]
+    kinds = list(KINDS)
     runs = {}
     for kind in kinds:
         model = build(kind, opts.size, dictionary).to(device=device, dtype=dtype).train()
@@ -113,11 +124,15 @@ def main(argv=None):
     med = {k: statistics.median(v) for k, v in times.items()}
     trained = {k: sum(q.numel() for q in runs[k][0].parameters() if q.requires_grad) for k in kinds}
 
-    print(f"size {opts.size} ({SIZES[opts.size]}), batch {opts.batch} x {opts.seq_len} tokens (+5 prompt), "
-          f"{opts.device} {dtype}, threads {torch.get_num_threads()}, median of {opts.repeats} rounds")
+    print(
+        f"size {opts.size} ({SIZES[opts.size]}), batch {opts.batch} x {opts.seq_len} tokens (+5 prompt), "
+        f"{opts.device} {dtype}, threads {torch.get_num_threads()}, median of {opts.repeats} rounds"
+    )
     for k in kinds:
-        print(f"  {k:<22} {med[k] * 1000:9.1f} ms/step   (min {min(times[k]) * 1000:.1f}, trained tensors {trained[k]:,})")
-    pt, ft = med["prompt-tuning"], med["fine-tuning"]
+        print(
+            f"  {k:<22} {med[k] * 1000:9.1f} ms/step   (min {min(times[k]) * 1000:.1f}, trained tensors {trained[k]:,})"
+        )
+    pt, ft = med["prompt-tuning-5"], med["fine-tuning"]
     print("ratios:")
     print(f"  M-IDPG-PHM with cache    / prompt tuning: {med['m-idpg-phm, cache'] / pt:.3f}   (goal <= 1.10)")
     print(f"  M-IDPG-PHM without cache / prompt tuning: {med['m-idpg-phm, no cache'] / pt:.3f}")

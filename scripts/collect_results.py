@@ -2,13 +2,14 @@
 """Collect the main job's results (``scripts/run.sh``) into a Markdown table for docs/results.md.
 
     python scripts/collect_results.py                          # every method under checkpoints/standin
-    python scripts/collect_results.py --tasks SST-2,RTE --methods m-idpg-phm,prompt-tuning
+    python scripts/collect_results.py --tasks SST-2,RTE --methods m-idpg-phm,prompt-tuning-5
 
 Reads ``CHECKPOINTS/MODEL/TASK/METHOD/results.json`` (written by run.sh after fairseq-validate) and
 the trained-parameter count fairseq-train logged in ``train.log`` beside it ("num. trained",
 classification head included). One row per method, one column per task with the task's metric
 on the dev set; "-" where a run is missing.
 """
+
 import argparse
 import json
 import re
@@ -33,16 +34,22 @@ def read_run(folder):
 
 def table(root, tasks, methods):
     runs = {(t, m): read_run(root / t / m) for t in tasks for m in methods}
-    lines = ["| method | trained (incl. head) | " + " | ".join(f"{t} dev" for t in tasks) + " | lr | updates (batch) |",
-             "|---|---:|" + "---:|" * len(tasks) + "---:|---|"]
+    lines = [
+        "| method | trained (incl. head) | " + " | ".join(f"{t} dev" for t in tasks) + " | lr | updates (batch) |",
+        "|---|---:|" + "---:|" * len(tasks) + "---:|---|",
+    ]
     for m in methods:
         done = [runs[t, m] for t in tasks if runs[t, m]]
         if not done:
             continue
         trained = next((r["trained"] for r in done if r["trained"] is not None), None)
-        cells = [f"{r['results']['valid'][r['metric']]} ({r['metric']})" if r else "-" for r in (runs[t, m] for t in tasks)]
+        cells = [
+            f"{r['results']['valid'][r['metric']]} ({r['metric']})" if r else "-" for r in (runs[t, m] for t in tasks)
+        ]
         lr = " / ".join(sorted({f"{r['lr']:g}" if "lr" in r else "?" for r in done}))
-        updates = " / ".join(f"{r.get('updates', '?')} ({r.get('total_batch', '?')})" if r else "-" for r in (runs[t, m] for t in tasks))
+        updates = " / ".join(
+            f"{r.get('updates', '?')} ({r.get('total_batch', '?')})" if r else "-" for r in (runs[t, m] for t in tasks)
+        )
         count = f"{trained:,}" if trained is not None else "?"
         lines.append(f"| {m} | {count} | " + " | ".join(cells) + f" | {lr} | {updates} |")
     return "\n".join(lines)
@@ -59,7 +66,11 @@ def main(argv=None):
     if not root.is_dir():
         p.error(f"--checkpoints/--model: {root} does not exist (run scripts/run.sh first)")
     tasks = args.tasks.split(",")
-    methods = args.methods.split(",") if args.methods else sorted({d.name for t in tasks if (root / t).is_dir() for d in (root / t).iterdir()})
+    methods = (
+        args.methods.split(",")
+        if args.methods
+        else sorted({d.name for t in tasks if (root / t).is_dir() for d in (root / t).iterdir()})
+    )
     print(table(root, tasks, methods))
     return 0
 

@@ -5,6 +5,7 @@
 
 Exit status 1 if any count that the paper states exactly differs from ours.
 """
+
 import argparse
 import sys
 

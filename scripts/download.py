@@ -15,6 +15,7 @@ where one is known, and renamed into place (folders likewise), so an interrupted
 nothing half-written; what already exists is skipped. The layout matches what
 scripts/prepare_data.py expects for --raw and --bpe-dir.
 """
+
 import argparse
 import hashlib
 import io

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Export the trained prompt of a ``roberta_dpt`` checkpoint as one l x d matrix (DPT section 3.2:
+"""Export the trained prompt of a ``roberta_prompt`` checkpoint as one l x d matrix (DPT section 3.2:
 "after the training is completed, we can store the product of A and B for inference").
 
     python scripts/export_dpt_prompt.py checkpoints/standin/RTE/dpt/checkpoint_best.pt \
         [--out OUT.pt] [--matrix P.pt] [--check]
 
 The exported checkpoint is the same model in its plain prompt-tuning configuration
-(``--dpt-prompt full``): P = A B (DPT), U ReLU(diag(s)) V (rank probe) or P + LN(MLP(P))
+(``--prompt-matrix full``): P = A B (DPT), U ReLU(diag(s)) V (rank probe) or P + LN(MLP(P))
 (residual prompt) is evaluated once and stored as ``prompt.weight`` [l, d]; a deep checkpoint
-becomes one matrix per layer, [L, l, d] (the P-tuning v2 configuration, preset
-``deep-prompt-tuning``). The head, the backbone (or its fingerprint, for compact checkpoints)
+becomes one matrix per layer, [L, l, d] (the P-tuning v2 configuration: preset
+``deep-prompt-tuning-100`` for l = 100). The head, the backbone (or its fingerprint, for compact checkpoints)
 and the cfg are kept, so fairseq-validate and ``from_pretrained`` on the export give the same
 logits. The optimizer state is dropped (its tensors belong to the factors).
 
@@ -17,6 +17,7 @@ logits. The optimizer state is dropped (its tensors belong to the factors).
 fairseq and prints the largest logit difference on random inputs (needs the task data folder
 and the backbone named in the checkpoint).
 """
+
 import argparse
 import copy
 import os
@@ -34,18 +35,18 @@ def _model_args(state):
 
 
 def export_state(state):
-    """(exported checkpoint state, P) for a loaded ``roberta_dpt`` checkpoint ``state`` (not modified)."""
-    import fairseq_idpg  # noqa: F401  (registers roberta_dpt)
+    """(exported checkpoint state, P) for a loaded ``roberta_prompt`` checkpoint ``state`` (not modified)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from fairseq_idpg.models.roberta_dpt import PRESETS, RobertaDPTModel, build_prompt
+    import fairseq_idpg  # noqa: F401  (registers roberta_prompt)
+    from fairseq_idpg.models.roberta_prompt import RobertaPromptModel, build_prompt, full_preset
 
     args = _model_args(state)
     arch = getattr(args, "arch", None)
-    if ARCH_MODEL_REGISTRY.get(arch) is not RobertaDPTModel:
-        raise ValueError(f"not a roberta_dpt checkpoint (--arch {arch}); nothing to export")
+    if ARCH_MODEL_REGISTRY.get(arch) is not RobertaPromptModel:
+        raise ValueError(f"not a roberta_prompt checkpoint (--arch {arch}); nothing to export")
     weights = state["model"]
-    factors = {k[len(PREFIX):]: v for k, v in weights.items() if k.startswith(PREFIX)}
+    factors = {k[len(PREFIX) :]: v for k, v in weights.items() if k.startswith(PREFIX)}
     module = build_prompt(args, args.encoder_embed_dim, args.encoder_layers)
     module.load_state_dict(factors, strict=True)
     dtype = next(iter(factors.values())).dtype
@@ -56,8 +57,8 @@ def export_state(state):
     exported["model"] = type(weights)((k, v) for k, v in weights.items() if not k.startswith(PREFIX))
     exported["model"][PREFIX + "weight"] = P
     new_args = copy.deepcopy(args)
-    new_args.dpt_prompt = "full"
-    new_args.dpt_preset = next(n for n, p in PRESETS.items() if p == {"dpt_prompt": "full", "dpt_deep": bool(args.dpt_deep)})
+    new_args.prompt_matrix = "full"
+    new_args.prompt_preset = full_preset(args.prompt_length, args.prompt_deep)
     if isinstance(state.get("cfg"), dict) and state["cfg"].get("model") is not None:
         exported["cfg"] = dict(state["cfg"], model=new_args)
     else:
@@ -87,7 +88,7 @@ def max_logit_difference(original, exported, batch=8, length=32, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a roberta_dpt checkpoint (checkpoint_best.pt)")
+    parser.add_argument("checkpoint", help="a roberta_prompt checkpoint (checkpoint_best.pt)")
     parser.add_argument("--out", help="exported checkpoint (default: <checkpoint>_exported.pt beside it)")
     parser.add_argument("--matrix", help="also write P alone here (torch.save of the [l, d] / [L, l, d] tensor)")
     parser.add_argument("--check", action="store_true", help="compare the logits of both checkpoints on random inputs")
@@ -100,7 +101,7 @@ def main(argv=None):
     except ValueError as e:
         print(f"export_dpt_prompt.py: error: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
-    source = _model_args(state).dpt_prompt
+    source = _model_args(state).prompt_matrix
     torch.save(exported, out)
     print(f"{args.checkpoint}: {source} prompt -> P {list(P.shape)} ({P.numel():,} values, {P.dtype}) in {out}")
     if args.matrix:

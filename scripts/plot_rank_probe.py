@@ -5,11 +5,12 @@
         --out docs/img/rank_probe.png [--title TEXT]
 
 Reads every ``valid on 'valid' subset`` line (``prompt_rank`` = number of positive entries of s
-in P = U ReLU(diag(s)) V, logged by ``roberta_dpt`` at each validation, and ``num_updates``) and
+in P = U ReLU(diag(s)) V, logged by ``roberta_prompt`` at each validation, and ``num_updates``) and
 the probe size r (``dpt_probe_rank`` in the logged config). Plots the positive entries and the
 non-positive ones (r - positive) against training updates; update 0 is the initialisation,
 where every s_i is positive by construction. Needs matplotlib (``pip install matplotlib``).
 """
+
 import argparse
 import re
 import sys
@@ -73,13 +74,19 @@ def main(argv=None):
     with open(args.log) as f:
         size, points = read_log(f.read(), args.subset)
     if not points:
-        print(f"plot_rank_probe.py: error: {args.log}: no '{args.subset}' line with prompt_rank "
-              f"(train with --dpt-preset dpt-rank-probe and validate at least once)", file=sys.stderr)
+        print(
+            f"plot_rank_probe.py: error: {args.log}: no '{args.subset}' line with prompt_rank "
+            f"(train with --prompt-preset dpt-rank-probe and validate at least once)",
+            file=sys.stderr,
+        )
         return 2
     size = args.rank or size
     plot(size, points, args.out, args.title or f"rank probe: {args.log}")
-    print(f"{len(points)} validations, positive entries {points[0][1]} -> {points[-1][1]}"
-          + (f" of r = {size}" if size else "") + f"; wrote {args.out}")
+    print(
+        f"{len(points)} validations, positive entries {points[0][1]} -> {points[-1][1]}"
+        + (f" of r = {size}" if size else "")
+        + f"; wrote {args.out}"
+    )
     return 0
 
 

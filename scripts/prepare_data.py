@@ -7,6 +7,7 @@ BPE-encode, binarize into OUT/input0, OUT/input1 (pairs), OUT/label and write OU
 
 See docs/data.md for the formats, label orders and split conventions.
 """
+
 import argparse
 import sys
 
@@ -21,7 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bpe", choices=["gpt2", "wordpiece"], default="gpt2")
     parser.add_argument("--bpe-dir", help="--bpe gpt2: folder with encoder.json, vocab.bpe, dict.txt")
     parser.add_argument("--vocab", help="--bpe wordpiece: the model's vocab.txt")
-    parser.add_argument("--few-shot", type=int, metavar="K", help="K train examples + a 1,000-example dev set from train")
+    parser.add_argument(
+        "--few-shot", type=int, metavar="K", help="K train examples + a 1,000-example dev set from train"
+    )
     parser.add_argument("--dev-from-train", type=int, metavar="N", help="hold out N train examples as valid")
     parser.add_argument("--seed", type=int, default=1, help="seed of --few-shot / --dev-from-train (default 1)")
     parser.add_argument("--workers", type=int, help="parallel processes (default: min(4, CPU count))")
@@ -30,9 +33,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         prepare(
-            args.task, args.raw, args.out, bpe=args.bpe, bpe_dir=args.bpe_dir, vocab=args.vocab,
-            few_shot=args.few_shot, seed=args.seed, dev_from_train=args.dev_from_train,
-            workers=args.workers, strict_sizes=args.strict_sizes, overwrite=args.overwrite,
+            args.task,
+            args.raw,
+            args.out,
+            bpe=args.bpe,
+            bpe_dir=args.bpe_dir,
+            vocab=args.vocab,
+            few_shot=args.few_shot,
+            seed=args.seed,
+            dev_from_train=args.dev_from_train,
+            workers=args.workers,
+            strict_sizes=args.strict_sizes,
+            overwrite=args.overwrite,
         )
     except PrepareError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)

@@ -1,4 +1,16 @@
-"""Fixtures shared by the test files."""
+"""Fixtures shared by the test files: the real data beside the checkout, and the one tiny backbone
+(random fairseq RoBERTa folders) with the one builder every model test uses.
+
+    def test_x(tiny):                                     # 2 layers x 32, 4 heads, seed 0
+        model = build_tiny(tiny, "roberta_idpg", idpg_preset="s-idpg-phm")
+    def test_y(tiny_backbones):
+        a, b = tiny_backbones(layers=3), tiny_backbones(layers=3, seed=1)   # other sizes / weights
+
+``build_tiny`` goes through ``fairseq_idpg.models.build``, the builder the parameter counts use on
+the meta device, so a model is built the same way in tests, counts, benchmarks and fairseq-train.
+"""
+
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,3 +32,71 @@ def roberta_bpe() -> Path:
     if not (SHARED / "roberta_bpe" / "dict.txt").is_file():
         pytest.skip(f"{SHARED / 'roberta_bpe'} not found")
     return SHARED / "roberta_bpe"
+
+
+# ---------------------------------------------------------------------------------------- tiny backbones
+@dataclass
+class TinyBackbone:
+    """A random fairseq RoBERTa folder (``model.pt``, ``dict.txt``) and the dictionary the task builds."""
+
+    folder: Path
+    dictionary: object
+    sizes: dict = field(default_factory=dict)  # encoder_* options of the checkpoint
+
+    @property
+    def model_file(self) -> Path:
+        return self.folder / "model.pt"
+
+    @property
+    def layers(self) -> int:
+        return self.sizes["encoder_layers"]
+
+    @property
+    def dim(self) -> int:
+        return self.sizes["encoder_embed_dim"]
+
+
+@pytest.fixture(scope="session")
+def tiny_backbones(tmp_path_factory):
+    """``make(layers=2, dim=32, heads=4, ffn=64, seed=0)`` -> TinyBackbone, written once per setting."""
+    from fairseq.data import Dictionary
+
+    from fairseq_idpg.conversion.tiny import write_tiny_roberta
+
+    made = {}
+
+    def make(layers=2, dim=32, heads=4, ffn=64, seed=0):
+        key = (layers, dim, heads, ffn, seed)
+        if key not in made:
+            folder = tmp_path_factory.mktemp("tiny") / f"l{layers}d{dim}h{heads}f{ffn}s{seed}"
+            write_tiny_roberta(folder, layers=layers, dim=dim, heads=heads, ffn=ffn, seed=seed)
+            dictionary = Dictionary.load(str(folder / "dict.txt"))
+            dictionary.add_symbol("<mask>")  # as the task does
+            sizes = dict(
+                encoder_layers=layers, encoder_embed_dim=dim, encoder_attention_heads=heads, encoder_ffn_embed_dim=ffn
+            )
+            made[key] = TinyBackbone(Path(folder), dictionary, sizes)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_backbones) -> TinyBackbone:
+    """The default tiny backbone: 2 layers x 32, 4 heads, ffn 64, seed 0."""
+    return tiny_backbones()
+
+
+def build_tiny(backbone, arch_or_method, num_classes=2, info=None, backbone_file=None, **options):
+    """A model on ``backbone`` (a TinyBackbone) as fairseq-train builds it, with a classification
+    head "head"; ``arch_or_method``: an architecture name, or a method record of
+    ``fairseq_idpg.methods``. ``backbone_file``: what ``--backbone`` names (default its model.pt)."""
+    from fairseq_idpg.models.build import build_method, build_model
+
+    options = {"backbone": str(backbone_file or backbone.model_file), **backbone.sizes, **options}
+    if isinstance(arch_or_method, str):
+        model = build_model(arch_or_method, backbone.dictionary, info=info, **options)
+    else:
+        model = build_method(arch_or_method, backbone.dictionary, info=info, **options)
+    model.register_classification_head("head", num_classes=num_classes)
+    return model

@@ -1,26 +1,22 @@
 """Houlsby adapter, parallel FFN adapter, Compacter and BitFit: the layer with empty slots is
 fairseq's layer, zero up-projections leave the backbone unchanged, placement, counts, errors."""
+
 import copy
 import re
 
 import pytest
 import torch
 import torch.nn.functional as F
-from test_inducer_support import build as build_model
-from test_inducer_support import logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
+from blocks_support import logits, run_main_job
+from conftest import build_tiny
 
-from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel
-from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
-from fairseq_idpg.modules.adapters import BottleneckAdapter, CompacterAdapter
-from fairseq_idpg.modules.adapters_layer import AdaptedEncoderLayer
-
-
-def build(tiny, model_cls=RobertaAdaptersModel, **flags):
-    return build_model(tiny, model_cls, **flags).eval()
+from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
+from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter
+from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 
 
 def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
-    fairseq_layer = build(tiny, bitfit=True).encoder.sentence_encoder.layers[0]
+    fairseq_layer = build_tiny(tiny, "roberta_blocks", bitfit=True).eval().encoder.sentence_encoder.layers[0]
     ours = AdaptedEncoderLayer.convert(copy.deepcopy(fairseq_layer))
     x = torch.randn(6, 2, 32)
     pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
@@ -34,12 +30,12 @@ def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
 
 @pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter", "mam-adapter"])
 def test_zero_up_projection_leaves_the_backbone_unchanged(tiny, preset):
-    model = build(tiny, adapters_preset=preset)
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset=preset).eval()
     if preset == "mam-adapter":  # the reference keeps the same prefixes, without the adapter
-        reference = build(tiny, prefix_length=16)
+        reference = build_tiny(tiny, "roberta_blocks", prefix_length=16).eval()
         reference.prefix_encoder.load_state_dict(model.prefix_encoder.state_dict())
     else:
-        reference = build(tiny, bitfit=True)  # fairseq's own forward, same backbone
+        reference = build_tiny(tiny, "roberta_blocks", bitfit=True).eval()  # fairseq's own forward, same backbone
     reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
     up = [p for name, p in model.named_parameters() if "_adapter.up." in name]
     assert up
@@ -54,10 +50,14 @@ def test_zero_up_projection_leaves_the_backbone_unchanged(tiny, preset):
 
 
 def test_parallel_adapter_is_lora_initialised_and_sits_beside_the_ffn(tiny):
-    model = build(tiny, model_cls=RobertaInducerModel, inducer_preset="mam-inducer")
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="mam-inducer").eval()
     layer = model.encoder.sentence_encoder.layers[0]
     adapter = layer.parallel_adapter
-    assert adapter.up.weight.abs().sum() == 0 and adapter.down.bias.abs().sum() == 0 and adapter.down.weight.abs().sum() > 0
+    assert (
+        adapter.up.weight.abs().sum() == 0
+        and adapter.down.bias.abs().sum() == 0
+        and adapter.down.weight.abs().sum() > 0
+    )
     with torch.no_grad():
         for p in adapter.parameters():
             p.normal_(0, 0.3)
@@ -95,9 +95,15 @@ def test_compacter_equals_the_dense_kronecker_adapter_and_counts():
 
 
 def test_bitfit_trains_exactly_the_encoder_biases(tiny):
-    model = build(tiny, adapters_preset="bitfit").train()
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")}
-    encoder_biases = {n for n, _ in model.encoder.sentence_encoder.named_parameters(prefix="encoder.sentence_encoder") if n.endswith(".bias")}
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="bitfit").train()
+    trainable = {
+        n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")
+    }
+    encoder_biases = {
+        n
+        for n, _ in model.encoder.sentence_encoder.named_parameters(prefix="encoder.sentence_encoder")
+        if n.endswith(".bias")
+    }
     assert trainable == encoder_biases and "encoder.sentence_encoder.layers.0.fc1.bias" in trainable
     assert model.num_trainable_parameters() == 2 * (4 * 32 + 64 + 32 + 2 * 32) + 32
     logits(model).sum().backward()
@@ -108,16 +114,31 @@ def test_bitfit_trains_exactly_the_encoder_biases(tiny):
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (dict(adapters_preset="houlsby-adapter", adapter_dim=33), "--adapter-dim must be between 1 and the model dimension 32, got 33"),
-        (dict(adapters_preset="houlsby-adapter", adapter_dim=0), "--adapter-dim must be >= 1 for --adapters-preset houlsby-adapter (got 0)"),
-        (dict(adapters_preset="compacter", compacter_n=3), "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16"),
-        (dict(adapters_preset="compacter", encoder_attention_heads=3), "--encoder-attention-heads 3 must divide --encoder-embed-dim 32"),
-        (dict(adapters_preset="mam-adapter", ffn_adapter_dim=40), "--ffn-adapter-dim must be between 1 and the model dimension 32, got 40"),
+        (
+            dict(blocks_preset="houlsby-adapter", adapter_dim=33),
+            "--adapter-dim must be between 1 and the model dimension 32, got 33",
+        ),
+        (
+            dict(blocks_preset="houlsby-adapter", adapter_dim=0),
+            "--adapter-dim must be >= 1 for --blocks-preset houlsby-adapter (got 0)",
+        ),
+        (
+            dict(blocks_preset="compacter", compacter_n=3),
+            "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16",
+        ),
+        (
+            dict(blocks_preset="compacter", encoder_attention_heads=3),
+            "--encoder-attention-heads 3 must divide --encoder-embed-dim 32",
+        ),
+        (
+            dict(blocks_preset="mam-adapter", ffn_adapter_dim=40),
+            "--ffn-adapter-dim must be between 1 and the model dimension 32, got 40",
+        ),
     ],
 )
 def test_invalid_settings_fail_at_build_time(tiny, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build(tiny, **flags)
+        build_tiny(tiny, "roberta_blocks", **flags).eval()
 
 
 @pytest.mark.slow

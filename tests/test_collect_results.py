@@ -1,4 +1,5 @@
 """scripts/collect_results.py: the docs/results.md table from run.sh's results.json and train.log."""
+
 import json
 import subprocess
 import sys
@@ -10,16 +11,28 @@ REPO = Path(__file__).resolve().parent.parent
 def write_run(root, task, method, accuracy, trained):
     run = root / "standin" / task / method
     run.mkdir(parents=True)
-    (run / "results.json").write_text(json.dumps({
-        "task": task, "method": method, "metric": "accuracy", "results": {"valid": {"accuracy": accuracy, "f1": "1.0"}},
-        "updates": 100, "lr": 0.005, "total_batch": 32}))
+    (run / "results.json").write_text(
+        json.dumps(
+            {
+                "task": task,
+                "method": method,
+                "metric": "accuracy",
+                "results": {"valid": {"accuracy": accuracy, "f1": "1.0"}},
+                "updates": 100,
+                "lr": 0.005,
+                "total_batch": 32,
+            }
+        )
+    )
     (run / "train.log").write_text(
-        f"2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 22,915,148 (num. trained: {trained:,})\n")
+        f"2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 22,915,148 (num. trained: {trained:,})\n"
+    )
 
 
 def collect(*args):
-    return subprocess.run([sys.executable, REPO / "scripts" / "collect_results.py", *args],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, REPO / "scripts" / "collect_results.py", *args], capture_output=True, text=True
+    )
 
 
 def test_table_rows_cells_and_missing_runs(tmp_path):
@@ -30,8 +43,10 @@ def test_table_rows_cells_and_missing_runs(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = out.stdout.strip().splitlines()
     assert rows[0] == "| method | trained (incl. head) | SST-2 dev | RTE dev | lr | updates (batch) |"
-    assert rows[2:] == ["| prompt-tuning | 150,530 | 66.3 (accuracy) | - | 0.005 | 100 (32) / - |",
-                        "| m-idpg-phm | 170,642 | 73.2 (accuracy) | 54.5 (accuracy) | 0.005 | 100 (32) / 100 (32) |"]
+    assert rows[2:] == [
+        "| prompt-tuning | 150,530 | 66.3 (accuracy) | - | 0.005 | 100 (32) / - |",
+        "| m-idpg-phm | 170,642 | 73.2 (accuracy) | 54.5 (accuracy) | 0.005 | 100 (32) / 100 (32) |",
+    ]
 
 
 def test_missing_folder_is_a_one_line_error(tmp_path):

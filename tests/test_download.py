@@ -1,4 +1,5 @@
 """scripts/download.py offline: ``fetch`` is replaced by a function that serves local bytes."""
+
 import importlib.util
 import io
 import tarfile
@@ -89,12 +90,12 @@ MSR_HEADER = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n"
 
 
 def test_mrpc_split_on_a_tiny_corpus(tmp_path):
-    train = MSR_HEADER + "1\t11\t12\tA \" quoted \" one .\tB .\r\n0\t21\t22\tC .\tD .\r\n1\t31\t32\tE .\tF .\r\n"
+    train = MSR_HEADER + '1\t11\t12\tA " quoted " one .\tB .\r\n0\t21\t22\tC .\tD .\r\n1\t31\t32\tE .\tF .\r\n'
     test = MSR_HEADER + "0\t41\t42\tG .\tH .\r\n1\t51\t52\tI .\tJ .\r\n"
     files = dl.split_mrpc(train, test, "21\t22\r\n99\t98\r\n")
     header = MSR_HEADER.replace("\r\n", "\n")  # the header, byte-order mark included, in both files
     assert files["dev.tsv"] == header + "0\t21\t22\tC .\tD .\n"
-    assert files["train.tsv"] == header + "1\t11\t12\tA \" quoted \" one .\tB .\n1\t31\t32\tE .\tF .\n"
+    assert files["train.tsv"] == header + '1\t11\t12\tA " quoted " one .\tB .\n1\t31\t32\tE .\tF .\n'
     assert files["test.tsv"] == "index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t41\t42\tG .\tH .\n1\t51\t52\tI .\tJ .\n"
     # and prepare_data.py reads what it wrote
     for name in ("train.tsv", "dev.tsv"):

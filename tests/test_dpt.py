@@ -1,24 +1,22 @@
-"""DPT (paper 002, SPEC section 2) on a frozen RoBERTa: the prompt parameterisations, the model,
-its build-time checks, the rank probe's logging, the export of P and the counts. Tiny random
-backbones (2 layers x 32); training on real data is in test_dpt_train.py."""
+"""Static soft prompts on a frozen RoBERTa (``--arch roberta_prompt``): prompt tuning, P-tuning v2,
+DPT (DPT Eq. 3 and 5), residual prompts: the prompt parameterisations, the model, its build-time
+checks, the rank probe's logging, the export of P and the counts. The tiny random backbone
+(2 layers x 32, conftest); training on real data is in test_dpt_train.py."""
+
 import argparse
 import importlib.util
-import json
 import math
-import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.data import Dictionary
+from conftest import build_tiny
 from fairseq.logging import metrics
 
-import fairseq_idpg  # noqa: F401  (registers roberta_dpt)
-from fairseq_idpg.conversion.tiny import write_tiny_roberta
-from fairseq_idpg.models.roberta_dpt import RANK_LOG_KEY, RobertaDPTModel
-from fairseq_idpg.modules.low_rank_prompt import (
-    FullPrompt,
+from fairseq_idpg.data.task_info import TaskInfo
+from fairseq_idpg.models.roberta_prompt import PRESETS, RANK_LOG_KEY
+from fairseq_idpg.modules.prompts.soft_prompts import (
     LowRankPrompt,
     RankProbePrompt,
     ResidualPrompt,
@@ -27,6 +25,7 @@ from fairseq_idpg.modules.low_rank_prompt import (
 
 REPO = Path(__file__).resolve().parents[1]
 DIM, LAYERS = 32, 2
+ARCH = "roberta_prompt"
 
 
 def load_script(name):
@@ -36,26 +35,9 @@ def load_script(name):
     return module
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return Path(write_tiny_roberta(tmp_path_factory.mktemp("dpt") / "tiny", layers=LAYERS, dim=DIM))
-
-
-def build(backbone, task=None, seed=0, **flags):
-    """A ``roberta_dpt`` on the tiny backbone with a 2-class head (random, not zero, weights)."""
-    d = Dictionary.load(str(backbone / "dict.txt"))
-    d.add_symbol("<mask>")
-    args = argparse.Namespace(
-        arch="roberta_dpt", encoder_layers=LAYERS, encoder_embed_dim=DIM, encoder_ffn_embed_dim=64,
-        encoder_attention_heads=4, max_positions=flags.pop("max_positions", 512),
-        backbone=str(backbone / "model.pt"), save_trainable_only=True, **flags,
-    )
-    task = task or types.SimpleNamespace(source_dictionary=d)
-    task.source_dictionary = d
-    torch.manual_seed(seed)
-    model = RobertaDPTModel.build_model(args, task)
-    model.register_classification_head("head", num_classes=2)
-    return model.eval()
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)  # the prompts' and the head's random values
 
 
 def tokens():
@@ -128,20 +110,29 @@ def test_residual_prompt_formula_and_paper_count():
 
 
 # ---------------------------------------------------------------------- the model
-FORMULAS = {  # trainable count without the head, SPEC section 2 (l, b, r, m, d, L)
+FORMULAS = {  # trainable count without the head (l, b, r, m, d, L): DPT section 3.1, IDPG appendix A.1.2
     "dpt": lambda l, b, r, m, d, L: l * b + b * d,
     "dpt-rank-probe": lambda l, b, r, m, d, L: l * r + r + r * d,
     "residual-prompt": lambda l, b, r, m, d, L: l * d + 2 * d * m + m + 3 * d,
     "deep-dpt": lambda l, b, r, m, d, L: L * (l * b + b * d),
-    "prompt-tuning": lambda l, b, r, m, d, L: l * d,
-    "deep-prompt-tuning": lambda l, b, r, m, d, L: L * l * d,
+    "prompt-tuning-100": lambda l, b, r, m, d, L: l * d,
+    "deep-prompt-tuning-100": lambda l, b, r, m, d, L: L * l * d,
+    "prompt-tuning-5": lambda l, b, r, m, d, L: l * d,
+    "prompt-tuning-134": lambda l, b, r, m, d, L: l * d,
+    "p-tuning-v2-5": lambda l, b, r, m, d, L: L * l * d,
 }
+
+
+def test_every_preset_has_a_formula_and_its_length_in_its_name():
+    assert set(FORMULAS) == set(PRESETS)
+    assert all(name.endswith(str(p["prompt_length"])) for name, p in PRESETS.items() if "tuning" in name)
 
 
 @pytest.mark.parametrize("preset", list(FORMULAS))
 def test_only_prompt_and_head_train_and_counts_follow_the_formula(tiny, preset):
     l, b, m = 6, 2, 8
-    model = build(tiny, dpt_preset=preset, dpt_length=l, dpt_bottleneck=b, dpt_residual_bottleneck=m)
+    options = dict(prompt_length=l, dpt_bottleneck=b, residual_prompt_bottleneck=m)
+    model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()
     assert model.num_trainable_parameters() == FORMULAS[preset](l, b, min(l, DIM), m, DIM, LAYERS)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("prompt.", "classification_heads.head.")) for n in trainable)
@@ -154,7 +145,7 @@ def test_only_prompt_and_head_train_and_counts_follow_the_formula(tiny, preset):
 
 def test_prompt_at_position_0_equals_stock_encoder_on_prompted_embeddings(tiny):
     """DPT on RoBERTa = fairseq's own encoder fed <s>, P = A B, then the input (ordinary positions)."""
-    model = build(tiny, dpt_preset="dpt", dpt_length=6, dpt_bottleneck=2)
+    model = build_tiny(tiny, ARCH, prompt_preset="dpt", prompt_length=6, dpt_bottleneck=2).eval()
     src = tokens()
     enc = model.encoder.sentence_encoder
     P = (model.prompt.A @ model.prompt.B).unsqueeze(0).expand(2, -1, -1)
@@ -169,8 +160,8 @@ def test_prompt_at_position_0_equals_stock_encoder_on_prompted_embeddings(tiny):
 
 def test_deep_prompts_are_added_after_each_layer(tiny):
     """With P_1..P_{L-1} = 0 the deep model is the shallow one; with them it differs."""
-    deep = build(tiny, dpt_preset="deep-prompt-tuning", dpt_length=6)
-    shallow = build(tiny, dpt_preset="prompt-tuning", dpt_length=6)
+    deep = build_tiny(tiny, ARCH, prompt_preset="deep-prompt-tuning-100", prompt_length=6).eval()
+    shallow = build_tiny(tiny, ARCH, prompt_preset="prompt-tuning-100", prompt_length=6).eval()
     shallow.classification_heads.load_state_dict(deep.classification_heads.state_dict())
     with torch.no_grad():
         shallow.prompt.weight.copy_(deep.prompt.weight[0])
@@ -180,7 +171,7 @@ def test_deep_prompts_are_added_after_each_layer(tiny):
 
 
 def test_rank_probe_count_is_logged_in_eval_only(tiny):
-    model = build(tiny, dpt_preset="dpt-rank-probe", dpt_length=6)
+    model = build_tiny(tiny, ARCH, prompt_preset="dpt-rank-probe", prompt_length=6).eval()
     with torch.no_grad():
         model.prompt.s.copy_(torch.tensor([0.4, -0.1, 2.0, -0.3, 0.0, 1.0]))  # hand-made: 3 positive
     with metrics.aggregate(new_root=True) as agg:  # what fairseq-train's validation opens
@@ -192,68 +183,118 @@ def test_rank_probe_count_is_logged_in_eval_only(tiny):
     assert RANK_LOG_KEY not in agg.get_smoothed_values()
 
 
-def single_sentence_task(tmp_path):
-    (tmp_path / "task.json").write_text(json.dumps({"pair": False}))
-    return types.SimpleNamespace(cfg=types.SimpleNamespace(data=str(tmp_path)))
+SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=False, metric="accuracy", splits={})
 
 
 @pytest.mark.parametrize(
     "flags,message",
     [
-        ({"dpt_length": 6, "dpt_bottleneck": 6}, r"--dpt-bottleneck 6 must be in \[1, 5\]: a low-rank prompt needs b < min\(--dpt-length 6, encoder dim 32\)"),
-        ({"dpt_length": 40, "dpt_bottleneck": 32}, r"--dpt-bottleneck 32 must be in \[1, 31\]"),
-        ({"dpt_preset": "deep-dpt", "dpt_length": 6, "dpt_bottleneck": 0}, r"--dpt-bottleneck 0 must be in \[1, 5\]"),
-        ({"dpt_length": 509, "max_positions": 512}, r"--dpt-length 509 does not fit --max-positions 512: .* at most 508"),
-        ({"dpt_preset": "dpt-rank-probe", "dpt_length": 6, "dpt_probe_rank": 7}, r"--dpt-probe-rank 7 must be in \[1, 6\]"),
-        ({"dpt_preset": "dpt-rank-probe", "dpt_probe_s_init": -1.0}, r"--dpt-probe-s-init must be > 0"),
-        ({"dpt_preset": "residual-prompt", "dpt_deep": True}, r"--dpt-deep needs --dpt-prompt low-rank or full, got residual"),
+        (
+            {"prompt_length": 6, "dpt_bottleneck": 6},
+            r"--dpt-bottleneck 6 must be in \[1, 5\]: a low-rank prompt needs b < "
+            r"min\(--prompt-length 6, encoder dim 32\)",
+        ),
+        ({"prompt_length": 40, "dpt_bottleneck": 32}, r"--dpt-bottleneck 32 must be in \[1, 31\]"),
+        (
+            {"prompt_preset": "deep-dpt", "prompt_length": 6, "dpt_bottleneck": 0},
+            r"--dpt-bottleneck 0 must be in \[1, 5\]",
+        ),
+        (
+            {"prompt_length": 509, "max_positions": 512},
+            r"--prompt-length 509: the prompt plus the shortest input .* must fit --max-positions 512: use 1 to 508",
+        ),
+        (
+            {"prompt_preset": "dpt-rank-probe", "prompt_length": 6, "dpt_probe_rank": 7},
+            r"--dpt-probe-rank 7 must be in \[1, 6\]",
+        ),
+        ({"prompt_preset": "dpt-rank-probe", "dpt_probe_s_init": -1.0}, r"--dpt-probe-s-init must be > 0"),
+        (
+            {"prompt_preset": "residual-prompt", "prompt_deep": True},
+            r"--prompt-deep needs --prompt-matrix full or low-rank, got residual",
+        ),
+        (
+            {"prompt_preset": "residual-prompt", "residual_prompt_bottleneck": 0},
+            r"--residual-prompt-bottleneck must be >= 1",
+        ),
         ({"prompt_position": 5}, r"--prompt-position must be one of 0-4, got 5"),
-        ({"dpt_init": "zeros"}, r"--dpt-init must be one of uniform, normal, got 'zeros'"),
-        ({"dpt_preset": "p-tuning"}, r"--dpt-preset must be one of dpt, dpt-rank-probe, .*, got 'p-tuning'"),
+        ({"prompt_init": "zeros"}, r"--prompt-init must be one of uniform, normal, got 'zeros'"),
+        (
+            {"prompt_matrix": "sparse"},
+            r"--prompt-matrix must be one of full, low-rank, rank-probe, residual, got 'sparse'",
+        ),
+        (
+            {"prompt_preset": "p-tuning"},
+            r"--prompt-preset must be one of prompt-tuning-5, .*, dpt, dpt-rank-probe, .*, got 'p-tuning'",
+        ),
     ],
 )
 def test_bad_settings_fail_at_build_time(tiny, flags, message):
     with pytest.raises(ValueError, match=message):
-        build(tiny, **flags)
+        build_tiny(tiny, ARCH, **flags)
 
 
-def test_pair_positions_need_a_pair_task(tiny, tmp_path):
+def test_pair_positions_need_a_pair_task(tiny):
     with pytest.raises(ValueError, match="--prompt-position 2 needs sentence pairs"):
-        build(tiny, task=single_sentence_task(tmp_path), prompt_position=2)
-    build(tiny, task=single_sentence_task(tmp_path), prompt_position=4)  # valid for single sentences
+        build_tiny(tiny, ARCH, info=SINGLE_SENTENCES, prompt_position=2)
+    build_tiny(tiny, ARCH, info=SINGLE_SENTENCES, prompt_position=4)  # valid for single sentences
 
 
 def test_inputs_longer_than_max_positions_minus_the_prompt_are_refused(tiny):
-    model = build(tiny, dpt_length=500, max_positions=512)
+    model = build_tiny(tiny, ARCH, prompt_preset="prompt-tuning-100", prompt_length=500, max_positions=512).eval()
+    assert model.max_positions() == 12
     fits = torch.cat([tokens(), torch.full((2, 7), 1)], dim=1)  # 12 tokens + 500 prompt vectors = 512
     assert logits(model, fits).shape == (2, 2)
-    with pytest.raises(ValueError, match="13 input tokens \\+ --dpt-length 500 exceed --max-positions 512"):
+    message = "13 input tokens \\+ 500 prompt vectors \\(--prompt-length\\) exceed --max-positions 512"
+    with pytest.raises(ValueError, match=message):
         logits(model, torch.cat([fits, torch.ones(2, 1, dtype=torch.long)], dim=1))
+    with pytest.raises(ValueError, match="keeps the last layer only: return_all_hiddens is not supported"):
+        model(tokens(), return_all_hiddens=True)
 
 
 def test_flags_and_presets_through_fairseq_parser(tmp_path):
     from fairseq import options
 
     def parse(*flags):
-        argv = [str(tmp_path), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction",
-                "--num-classes", "2", *flags]
+        argv = [
+            str(tmp_path),
+            "--user-dir",
+            str(REPO / "fairseq_idpg"),
+            "--task",
+            "peft_sentence_prediction",
+            "--num-classes",
+            "2",
+            *flags,
+        ]
         return options.parse_args_and_arch(options.get_training_parser(), argv)
 
-    args = parse("--arch", "roberta_dpt_large", "--dpt-preset", "deep-dpt", "--dpt-bottleneck", "4")
-    assert (args.dpt_prompt, args.dpt_deep, args.dpt_bottleneck, args.dpt_length) == ("low-rank", True, 4, 100)
+    args = parse("--arch", "roberta_prompt_large", "--prompt-preset", "deep-dpt", "--dpt-bottleneck", "4")
+    assert (args.prompt_matrix, args.prompt_deep, args.dpt_bottleneck, args.prompt_length) == ("low-rank", True, 4, 100)
     assert (args.encoder_embed_dim, args.encoder_layers) == (1024, 24)
-    args = parse("--arch", "roberta_dpt", "--dpt-preset", "dpt-rank-probe", "--dpt-prompt", "full", "--dpt-length", "20")
-    assert (args.dpt_preset, args.dpt_prompt, args.dpt_deep) == ("dpt-rank-probe", "full", False)  # explicit wins
+    rank_probe = ("--prompt-preset", "dpt-rank-probe")
+    args = parse("--arch", "roberta_prompt", *rank_probe, "--prompt-matrix", "full", "--prompt-length", "20")
+    assert (args.prompt_preset, args.prompt_matrix, args.prompt_deep) == (
+        "dpt-rank-probe",
+        "full",
+        False,
+    )  # explicit wins
     assert args.dpt_probe_rank == 20 and args.encoder_embed_dim == 768  # roberta-base sizes by default
-    args = parse("--arch", "roberta_dpt")
-    assert (args.dpt_preset, args.dpt_prompt, args.dpt_bottleneck, args.dpt_init) == ("dpt", "low-rank", 10, "uniform")
+    args = parse("--arch", "roberta_prompt")
+    assert (args.prompt_preset, args.prompt_matrix, args.dpt_bottleneck, args.prompt_init) == (
+        "dpt",
+        "low-rank",
+        10,
+        "uniform",
+    )
+    args = parse("--arch", "roberta_prompt", "--prompt-preset", "p-tuning-v2-5")
+    assert (args.prompt_matrix, args.prompt_length, args.prompt_deep, args.prompt_position) == ("full", 5, True, 0)
 
 
 # ---------------------------------------------------------------------- export
 @pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
 def test_exported_prompt_gives_the_same_logits(tiny, preset):
     export_state = load_script("export_dpt_prompt").export_state
-    model = build(tiny, dpt_preset=preset, dpt_length=6, dpt_bottleneck=2, dpt_residual_bottleneck=8)
+    options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8, save_trainable_only=True)
+    model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()
     if preset == "dpt-rank-probe":
         with torch.no_grad():
             model.prompt.s.copy_(torch.tensor([0.4, -0.1, 2.0, -0.3, 0.0, 1.0]))
@@ -261,13 +302,14 @@ def test_exported_prompt_gives_the_same_logits(tiny, preset):
     exported, P = export_state(state)
 
     args = exported["cfg"]["model"]
-    assert args.dpt_prompt == "full" and model.args.dpt_prompt != "full"  # the original cfg is untouched
+    assert args.prompt_matrix == "full" and model.args.prompt_matrix != "full"  # the original cfg is untouched
+    assert args.prompt_preset == ("deep-prompt-tuning-100" if preset == "deep-dpt" else "prompt-tuning-100")
     assert P.shape == ((LAYERS,) if preset == "deep-dpt" else ()) + (6, DIM)
     assert torch.allclose(P, model.prompt().detach(), atol=1e-6)
     assert not any(k.startswith("prompt.") and k != "prompt.weight" for k in exported["model"])
     assert "last_optimizer_state" not in exported
 
-    plain = build(tiny, **{k: v for k, v in vars(args).items() if k.startswith(("dpt_", "prompt_"))})
+    plain = build_tiny(tiny, ARCH, **{k: v for k, v in vars(args).items() if k.startswith(("dpt_", "prompt_"))}).eval()
     plain.load_state_dict(exported["model"])  # compact: fingerprint checked, backbone from --backbone
     assert plain.num_trainable_parameters() == P.numel()
     assert torch.allclose(logits(plain), logits(model), atol=1e-5)
@@ -275,19 +317,19 @@ def test_exported_prompt_gives_the_same_logits(tiny, preset):
 
 def test_export_refuses_other_models():
     export_state = load_script("export_dpt_prompt").export_state
-    with pytest.raises(ValueError, match="not a roberta_dpt checkpoint \\(--arch roberta\\)"):
+    with pytest.raises(ValueError, match="not a roberta_prompt checkpoint \\(--arch roberta\\)"):
         export_state({"cfg": {"model": argparse.Namespace(arch="roberta")}, "model": {}})
 
 
 # ---------------------------------------------------------------------- counts and plot
 def test_count_tables_follow_the_formulas_at_every_size():
-    from fairseq_idpg.counts.dpt import BOTTLENECK, L_PROMPT, RESIDUAL_M, TABLES
+    from fairseq_idpg.counts.prompts import BOTTLENECK, DPT_TABLES, L_PROMPT, RESIDUAL_M
 
     sizes = {"RoBERTa-large": (1024, 24), "RoBERTa-base": (768, 12), "stand-in": (384, 6)}
-    order = ["dpt", "prompt-tuning", "residual-prompt", "dpt-rank-probe", "deep-dpt", "deep-prompt-tuning"]
-    assert len(TABLES) == 3
-    for title, rows_fn in TABLES:
-        (d, L), = [v for k, v in sizes.items() if k in title]
+    order = ["dpt", "prompt-tuning-100", "residual-prompt", "dpt-rank-probe", "deep-dpt", "deep-prompt-tuning-100"]
+    assert len(DPT_TABLES) == 3
+    for title, rows_fn in DPT_TABLES:
+        ((d, L),) = [v for k, v in sizes.items() if k in title]
         ours = [row[1] for row in rows_fn()]
         l, b = L_PROMPT, BOTTLENECK
         assert ours == [FORMULAS[p](l, b, l, RESIDUAL_M, d, L) for p in order], title
@@ -297,13 +339,17 @@ def test_count_tables_follow_the_formulas_at_every_size():
 def test_plot_reads_validations_of_a_fairseq_log(tmp_path):
     plot = load_script("plot_rank_probe")
     read_log, main = plot.read_log, plot.main
-    log = "\n".join([
-        "2026 | INFO | fairseq_cli.train | {'model': Namespace(arch='roberta_dpt', dpt_probe_rank=100, dpt_length=100)}",
-        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.69 | accuracy 52 | prompt_rank 97 | wps 1 | num_updates 20",
-        "2026 | INFO | train_inner | epoch 001:     40 / 99 loss=0.6, num_updates=40",
-        "2026 | INFO | valid | epoch 001 | valid on 'valid1' subset | loss 0.7 | prompt_rank 97 | num_updates 20",
-        "2026 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.61 | accuracy 60 | prompt_rank 88 | wps 1 | num_updates 40",
-    ])
+    valid = "2026 | INFO | valid | epoch 001 | valid on"
+    log = "\n".join(
+        [
+            "2026 | INFO | fairseq_cli.train | {'model': Namespace(arch='roberta_prompt', dpt_probe_rank=100, "
+            "prompt_length=100)}",
+            f"{valid} 'valid' subset | loss 0.69 | accuracy 52 | prompt_rank 97 | wps 1 | num_updates 20",
+            "2026 | INFO | train_inner | epoch 001:     40 / 99 loss=0.6, num_updates=40",
+            f"{valid} 'valid1' subset | loss 0.7 | prompt_rank 97 | num_updates 20",
+            f"{valid} 'valid' subset | loss 0.61 | accuracy 60 | prompt_rank 88 | wps 1 | num_updates 40",
+        ]
+    )
     assert read_log(log) == (100, [(20, 97), (40, 88)])
     (tmp_path / "train.log").write_text(log)
     pytest.importorskip("matplotlib")
@@ -315,7 +361,8 @@ def test_plot_reads_validations_of_a_fairseq_log(tmp_path):
 
 @pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
 def test_runs_in_bfloat16_close_to_float32(tiny, preset):
-    model = build(tiny, dpt_preset=preset, dpt_length=6, dpt_bottleneck=2, dpt_residual_bottleneck=8)
+    options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8)
+    model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()
     reference = logits(model)
     half = model.to(torch.bfloat16)
     out = logits(half)

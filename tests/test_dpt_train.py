@@ -1,8 +1,9 @@
-"""roberta_dpt through fairseq-train and fairseq-validate on a slice of the real RTE files
+"""roberta_prompt (DPT's rank probe) through fairseq-train and fairseq-validate on a slice of the real RTE files
 (../shared/data): the rank probe is logged at every validation, its plot is drawn from the log,
 and the exported l x d prompt scores exactly like the trained factors. A tiny random backbone
-(2 layers x 32) keeps it fast; the slow smoke test runs the main job on the offline stand-in
+(2 layers x 32, conftest) keeps it fast; the slow smoke test runs the main job on the offline stand-in
 (all-MiniLM-L6-v2 converted to fairseq RoBERTa format, the project's stand-in for roberta.large)."""
+
 import json
 import subprocess
 import sys
@@ -11,25 +12,35 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_idpg.conversion.tiny import write_tiny_roberta
-
 REPO = Path(__file__).resolve().parents[1]
 LENGTH = 8
 
 
 @pytest.fixture(scope="module")
-def rte_slice(shared_data, tmp_path_factory):
+def rte_slice(shared_data, tmp_path_factory, tiny):
     """The first 48 train and 32 dev rows of RTE (pairs), prepared for the tiny backbone."""
     root = tmp_path_factory.mktemp("dpt_train")
-    tiny = Path(write_tiny_roberta(root / "tiny"))
     raw = root / "raw"
     raw.mkdir()
     for name, rows in (("train.tsv", 48), ("dev.tsv", 32)):
         lines = (shared_data / "glue" / "RTE" / name).read_text().splitlines(keepends=True)
         (raw / name).write_text("".join(lines[: rows + 1]))  # header + rows
     data = root / "bin"
-    cmd = [sys.executable, REPO / "scripts" / "prepare_data.py", "RTE", "--raw", raw, "--out", data,
-           "--bpe", "wordpiece", "--vocab", tiny / "vocab.txt", "--workers", "1"]
+    cmd = [
+        sys.executable,
+        REPO / "scripts" / "prepare_data.py",
+        "RTE",
+        "--raw",
+        raw,
+        "--out",
+        data,
+        "--bpe",
+        "wordpiece",
+        "--vocab",
+        tiny.folder / "vocab.txt",
+        "--workers",
+        "1",
+    ]
     subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
     return root, tiny, data
 
@@ -52,17 +63,65 @@ def valid_fields(log):
 def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_slice):
     root, tiny, data = rte_slice
     save = root / "probe"
-    log = run([
-        sys.executable, "-m", "fairseq_idpg.launch", "--nproc", "1", "--total-batch", "8", "--",
-        data, "--user-dir", REPO / "fairseq_idpg", "--task", "peft_sentence_prediction",
-        "--criterion", "sentence_prediction_metrics", "--init-token", "0", "--separator-token", "2",
-        "--arch", "roberta_dpt", "--dpt-preset", "dpt-rank-probe", "--dpt-length", LENGTH,
-        "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "4", "--backbone", tiny / "model.pt", "--save-trainable-only",
-        "--optimizer", "adam", "--lr", "0.3", "--max-update", "6", "--validate-interval-updates", "2",
-        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
-        "--save-dir", save, "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0", "--cpu",
-    ])
+    log = run(
+        [
+            sys.executable,
+            "-m",
+            "fairseq_idpg.launch",
+            "--nproc",
+            "1",
+            "--total-batch",
+            "8",
+            "--",
+            data,
+            "--user-dir",
+            REPO / "fairseq_idpg",
+            "--task",
+            "peft_sentence_prediction",
+            "--criterion",
+            "sentence_prediction_metrics",
+            "--init-token",
+            "0",
+            "--separator-token",
+            "2",
+            "--arch",
+            "roberta_prompt",
+            "--prompt-preset",
+            "dpt-rank-probe",
+            "--prompt-length",
+            LENGTH,
+            "--encoder-layers",
+            "2",
+            "--encoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "64",
+            "--encoder-attention-heads",
+            "4",
+            "--backbone",
+            tiny.model_file,
+            "--save-trainable-only",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.3",
+            "--max-update",
+            "6",
+            "--validate-interval-updates",
+            "2",
+            "--best-checkpoint-metric",
+            "accuracy",
+            "--maximize-best-checkpoint-metric",
+            "--save-dir",
+            save,
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "simple",
+            "--num-workers",
+            "0",
+            "--cpu",
+        ]
+    )
     (save / "train.log").write_text(log)
 
     valid = valid_fields(log)
@@ -84,8 +143,21 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
     assert diff < 1e-5
     scores = []
     for name in ("checkpoint_last.pt", "checkpoint_last_exported.pt"):
-        out = run(["fairseq-validate", data, "--user-dir", REPO / "fairseq_idpg", "--path", save / name,
-                   "--cpu", "--batch-size", "16", "--num-workers", "0"])
+        out = run(
+            [
+                "fairseq-validate",
+                data,
+                "--user-dir",
+                REPO / "fairseq_idpg",
+                "--path",
+                save / name,
+                "--cpu",
+                "--batch-size",
+                "16",
+                "--num-workers",
+                "0",
+            ]
+        )
         fields = valid_fields(out)[-1]
         scores.append((fields["loss"], fields["accuracy"], fields["f1"]))
     assert scores[0] == scores[1]
@@ -96,8 +168,22 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
 def test_main_job_trains_dpt_on_the_standin(tmp_path, shared_data):
     """scripts/run.sh RTE --method dpt: prepare, fairseq-train (8 updates, one validation),
     fairseq-validate of the compact checkpoint."""
-    out = run(["bash", REPO / "scripts" / "run.sh", "RTE", "--method", "dpt", "--max-update", "8",
-               "--validate-interval-updates", "8", "--work-dir", tmp_path], timeout=900)
+    out = run(
+        [
+            "bash",
+            REPO / "scripts" / "run.sh",
+            "RTE",
+            "--method",
+            "dpt",
+            "--max-update",
+            "8",
+            "--validate-interval-updates",
+            "8",
+            "--work-dir",
+            tmp_path,
+        ],
+        timeout=900,
+    )
     assert "valid: loss" in out and "accuracy" in out
     save = tmp_path / "checkpoints" / "standin" / "RTE" / "dpt"
     results = json.loads((save / "results.json").read_text())

@@ -2,6 +2,7 @@
 on real data from ../shared/data with the offline stand-in (all-MiniLM-L6-v2 converted to
 fairseq RoBERTa format: a 6-layer BERT standing in for roberta.large), and the launcher on
 2 CPU workers against 1. Slow (minutes); CI runs them."""
+
 import json
 import os
 import signal
@@ -46,11 +47,24 @@ def prepared(task, work_dir):
     data = work_dir / "data-bin" / "standin" / task
     if not (data / "task.json").exists():
         standin = REPO / "models" / "minilm-l6-fairseq"
-        subprocess.run(["bash", str(REPO / "scripts" / "build_standin.sh"), str(standin)], check=True, capture_output=True)
-        from fairseq_idpg.recipe import raw_dir
+        subprocess.run(
+            ["bash", str(REPO / "scripts" / "build_standin.sh"), str(standin)], check=True, capture_output=True
+        )
+        from fairseq_idpg.run import raw_dir
 
-        cmd = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), task, "--raw", str(raw_dir(task)), "--out", str(data),
-               "--bpe", "wordpiece", "--vocab", str(standin / "vocab.txt")]
+        cmd = [
+            sys.executable,
+            str(REPO / "scripts" / "prepare_data.py"),
+            task,
+            "--raw",
+            str(raw_dir(task)),
+            "--out",
+            str(data),
+            "--bpe",
+            "wordpiece",
+            "--vocab",
+            str(standin / "vocab.txt"),
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
     return data
 
@@ -77,21 +91,75 @@ def test_each_task_runs_with_its_metric(work_dir, task, metric):
 
 
 def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):
-    from fairseq_idpg.recipe import model_dims
+    from fairseq_idpg.run import model_dims
 
     dims = [str(x) for kv in model_dims(model_dir / "model.pt").items() for x in kv]
     info = json.loads((data / "task.json").read_text())
-    target = ["--regression-target", "--num-classes", "1"] if info["regression"] else ["--num-classes", str(info["num_classes"])]
+    target = (
+        ["--regression-target", "--num-classes", "1"]
+        if info["regression"]
+        else ["--num-classes", str(info["num_classes"])]
+    )
     cmd = [
-        sys.executable, "-m", "fairseq_idpg.launch", "--nproc", str(nproc), "--total-batch", "16",
-        "--batch-size", str(batch_size), "--cpu", "--",
-        str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction",
-        "--criterion", "sentence_prediction_metrics", *target,
-        "--init-token", "0", "--separator-token", "2", "--arch", "roberta", *dims,
-        *(init if init is not None else ["--restore-file", str(model_dir / "model.pt"), "--reset-optimizer", "--reset-dataloader", "--reset-meters"]),
-        "--dropout", "0", "--attention-dropout", "0", "--optimizer", "adam", "--lr", "1e-3",
-        "--max-update", "12", "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", "7",
-        "--log-format", "simple", "--num-workers", "0", "--validate-interval-updates", "12", *extra,
+        sys.executable,
+        "-m",
+        "fairseq_idpg.launch",
+        "--nproc",
+        str(nproc),
+        "--total-batch",
+        "16",
+        "--batch-size",
+        str(batch_size),
+        "--cpu",
+        "--",
+        str(data),
+        "--user-dir",
+        str(REPO / "fairseq_idpg"),
+        "--task",
+        "peft_sentence_prediction",
+        "--criterion",
+        "sentence_prediction_metrics",
+        *target,
+        "--init-token",
+        "0",
+        "--separator-token",
+        "2",
+        "--arch",
+        "roberta",
+        *dims,
+        *(
+            init
+            if init is not None
+            else [
+                "--restore-file",
+                str(model_dir / "model.pt"),
+                "--reset-optimizer",
+                "--reset-dataloader",
+                "--reset-meters",
+            ]
+        ),
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-update",
+        "12",
+        "--save-dir",
+        str(save_dir),
+        "--no-epoch-checkpoints",
+        "--seed",
+        "7",
+        "--log-format",
+        "simple",
+        "--num-workers",
+        "0",
+        "--validate-interval-updates",
+        "12",
+        *extra,
     ]
     out = run(cmd, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -113,7 +181,9 @@ def test_two_cpu_workers_match_one_with_same_effective_batch(work_dir, tmp_path)
     max_diff = max((one["model"][k].float() - two["model"][k].float()).abs().max().item() for k in one["model"])
     print(f"max |param(1 worker) - param(2 workers)| after 12 updates: {max_diff:.2e}")
     assert max_diff < 1e-4  # float summation order only
-    metrics = lambda line: {k: v for k, v in (f.strip().split(" ", 1) for f in line.split("|")[1:]) if k in ("pearson", "spearman", "loss")}
+    metrics = lambda line: {
+        k: v for k, v in (f.strip().split(" ", 1) for f in line.split("|")[1:]) if k in ("pearson", "spearman", "loss")
+    }
     m1, m2 = metrics(valid_one.split("subset", 1)[1]), metrics(valid_two.split("subset", 1)[1])
     assert m1.keys() >= {"pearson", "spearman"}
     for k in m1:
@@ -149,21 +219,43 @@ def test_checkpoints_reload_every_way(work_dir, tmp_path):
     assert resumed["optimizer_history"][-1]["num_updates"] == 14
 
     # fine-tune from the trained model in a new directory: weights in, counters reset
-    tuned, _ = _train(data, model, tmp_path / "ft", nproc=1, batch_size=16, extra=["--max-update", "2"],
-                      init=["--finetune-from-model", str(save / "checkpoint_best.pt")])
+    tuned, _ = _train(
+        data,
+        model,
+        tmp_path / "ft",
+        nproc=1,
+        batch_size=16,
+        extra=["--max-update", "2"],
+        init=["--finetune-from-model", str(save / "checkpoint_best.pt")],
+    )
     assert tuned["optimizer_history"][-1]["num_updates"] == 2
 
     out = run(
-        ["fairseq-validate", str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--path", str(save / "checkpoint_best.pt"),
-         "--batch-size", "64", "--cpu", "--num-workers", "0"],
+        [
+            "fairseq-validate",
+            str(data),
+            "--user-dir",
+            str(REPO / "fairseq_idpg"),
+            "--path",
+            str(save / "checkpoint_best.pt"),
+            "--batch-size",
+            "64",
+            "--cpu",
+            "--num-workers",
+            "0",
+        ],
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "valid on 'valid' subset" in out.stdout + out.stderr and "acc_and_f1" in out.stdout + out.stderr
 
     hub = RobertaModel.from_pretrained(
-        str(save), "checkpoint_best.pt", data_name_or_path=str(data), user_dir=str(REPO / "fairseq_idpg"),
-        bpe="wordpiece", wordpiece_vocab=str(model / "vocab.txt"),
+        str(save),
+        "checkpoint_best.pt",
+        data_name_or_path=str(data),
+        user_dir=str(REPO / "fairseq_idpg"),
+        bpe="wordpiece",
+        wordpiece_vocab=str(model / "vocab.txt"),
     )
     tokens = hub.encode("a gripping, beautifully acted film")
     assert tokens[0].item() == 0 and tokens[-1].item() == 2

@@ -1,6 +1,6 @@
 """The frozen-backbone base of every method: freezing, optimizer, compact checkpoints."""
+
 import argparse
-import types
 from pathlib import Path
 
 import pytest
@@ -9,6 +9,7 @@ import torch.nn as nn
 from fairseq.data import Dictionary
 
 from fairseq_idpg.conversion.tiny import write_tiny_roberta
+from fairseq_idpg.models.build import stub_task
 from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, FrozenBackboneRobertaModel
 
 
@@ -25,19 +26,26 @@ class WithExtraVector(FrozenBackboneRobertaModel):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("frozen")
-    return Path(write_tiny_roberta(root / "a", seed=0)), Path(write_tiny_roberta(root / "b", seed=1))
+def tiny(tiny_backbones):
+    """Two tiny backbones of the same shapes with other weights (conftest)."""
+    return tiny_backbones(seed=0).folder, tiny_backbones(seed=1).folder
 
 
 def build(backbone, save_trainable_only=True):
+    """The minimal method on a backbone folder, built as fairseq-train builds a model."""
     d = Dictionary.load(str(backbone / "dict.txt"))
     d.add_symbol("<mask>")
     args = argparse.Namespace(
-        arch="roberta", encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=4,
-        max_positions=512, backbone=str(backbone / "model.pt"), save_trainable_only=save_trainable_only,
+        arch="roberta",
+        encoder_layers=2,
+        encoder_embed_dim=32,
+        encoder_ffn_embed_dim=64,
+        encoder_attention_heads=4,
+        max_positions=512,
+        backbone=str(backbone / "model.pt"),
+        save_trainable_only=save_trainable_only,
     )
-    model = WithExtraVector.build_model(args, types.SimpleNamespace(source_dictionary=d))
+    model = WithExtraVector.build_model(args, stub_task(d))
     model.register_classification_head("head", num_classes=2)
     return model
 
@@ -48,7 +56,9 @@ def test_backbone_is_loaded_frozen_and_out_of_the_optimizer(tiny):
     name = "encoder.sentence_encoder.layers.1.fc1.weight"
     assert torch.equal(model.state_dict(full=True)[name], reference[name])
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {"extra"} | {n for n, _ in model.classification_heads.named_parameters(prefix="classification_heads")}
+    assert trainable == {"extra"} | {
+        n for n, _ in model.classification_heads.named_parameters(prefix="classification_heads")
+    }
     assert model.num_trainable_parameters() == 32
 
     # fairseq's trainer hands only requires_grad tensors to the optimizer, and backprop

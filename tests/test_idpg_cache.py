@@ -1,7 +1,8 @@
-"""M(x) computed once per example and reused (IDPG section 3.1; SPEC section 1 Decision): through
+"""M(x) computed once per example and reused (IDPG section 3.1; computed in eval mode, M(x) is deterministic): through
 ``--task idpg_sentence_prediction`` on a slice of the real RTE files, training with the on-disk
 cache equals recomputing M(x) every step, a later run reuses the rows, and the key keeps apart
 backbones, splits, datasets, truncation budgets and dtypes."""
+
 import os
 
 import numpy as np
@@ -10,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from test_idpg_model import DIM, LAYERS, backbones  # noqa: F401  (fixture)
 
 from fairseq_idpg.data.sentence_representation_cache import SLOT_SHIFT, SentenceRepresentationCache, cache_key
 from fairseq_idpg.preprocessing.prepare import prepare
-from test_idpg_model import DIM, LAYERS, backbones  # noqa: F401  (fixture)
 
 TRAIN_ROWS = 24  # of the real RTE train file; 3 batches of 8
 
@@ -30,23 +31,55 @@ def rte_slice(shared_data, tmp_path, rows, name):
 @pytest.fixture(scope="module")
 def rte(shared_data, tmp_path_factory, backbones):  # noqa: F811
     tmp = tmp_path_factory.mktemp("idpg_rte")
-    vocab = str(backbones[0] / "vocab.txt")
+    vocab = str(backbones[0].folder / "vocab.txt")
     out = {}
     for name, rows in (("a", TRAIN_ROWS), ("b", TRAIN_ROWS - 1)):
         out[name] = tmp / f"bin-{name}"
-        prepare("RTE", str(rte_slice(shared_data, tmp, rows, name)), str(out[name]), bpe="wordpiece", vocab=vocab, workers=1)
+        prepare(
+            "RTE", str(rte_slice(shared_data, tmp, rows, name)), str(out[name]), bpe="wordpiece", vocab=vocab, workers=1
+        )
     return out
 
 
 def setup(data, backbone, cache_dir, *flags):
     """task + model as fairseq-train sets them up (the task builds the model, then loads splits)."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        str(data), "--user-dir", "fairseq_idpg", "--task", "idpg_sentence_prediction", "--criterion", "sentence_prediction",
-        "--num-classes", "2", "--init-token", "0", "--separator-token", "2", "--arch", "roberta_idpg",
-        "--encoder-layers", str(LAYERS), "--encoder-embed-dim", str(DIM), "--encoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "4", "--max-positions", "512", "--backbone", str(backbone / "model.pt"),
-        "--idpg-cache-dir", str(cache_dir), "--seed", "1", *flags,
-    ])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            str(data),
+            "--user-dir",
+            "fairseq_idpg",
+            "--task",
+            "idpg_sentence_prediction",
+            "--criterion",
+            "sentence_prediction",
+            "--num-classes",
+            "2",
+            "--init-token",
+            "0",
+            "--separator-token",
+            "2",
+            "--arch",
+            "roberta_idpg",
+            "--encoder-layers",
+            str(LAYERS),
+            "--encoder-embed-dim",
+            str(DIM),
+            "--encoder-ffn-embed-dim",
+            "64",
+            "--encoder-attention-heads",
+            "4",
+            "--max-positions",
+            "512",
+            "--backbone",
+            str(backbone.model_file),
+            "--idpg-cache-dir",
+            str(cache_dir),
+            "--seed",
+            "1",
+            *flags,
+        ],
+    )
     task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
     torch.manual_seed(0)
     model = task.build_model(args)
@@ -100,7 +133,9 @@ def test_training_with_the_cache_equals_recomputing_every_step(rte, backbones, t
     for sample in batches(task, "train"):
         ids = (sample["net_input"]["sentence_ids"] & ((1 << SLOT_SHIFT) - 1)).numpy()
         values, filled = cache.lookup(ids)
-        assert filled.all() and np.array_equal(values, model.compute_sentence_representation(sample["net_input"]["src_tokens"]).numpy())
+        assert filled.all() and np.array_equal(
+            values, model.compute_sentence_representation(sample["net_input"]["src_tokens"]).numpy()
+        )
 
 
 def cache_folder(data, backbone, cache_dir, split, *flags):
@@ -112,12 +147,16 @@ def cache_folder(data, backbone, cache_dir, split, *flags):
 def test_key_separates_backbones_splits_datasets_and_budgets(rte, backbones, tmp_path):  # noqa: F811
     base = ("--idpg-preset", "s-idpg-phm")
     reference = cache_folder(rte["a"], backbones[0], tmp_path, "train", *base)
-    assert reference == cache_folder(rte["a"], backbones[0], tmp_path, "train", *base, "--idpg-hidden", "32")  # M(x) does not depend on G
+    assert reference == cache_folder(
+        rte["a"], backbones[0], tmp_path, "train", *base, "--idpg-hidden", "32"
+    )  # M(x) does not depend on G
     others = [
         cache_folder(rte["a"], backbones[1], tmp_path, "train", *base),  # another backbone
         cache_folder(rte["a"], backbones[0], tmp_path, "valid", *base),  # another split
         cache_folder(rte["b"], backbones[0], tmp_path, "train", *base),  # another dataset
-        cache_folder(rte["a"], backbones[0], tmp_path, "train", *base, "--idpg-prompt-length", "300"),  # truncation budget
+        cache_folder(
+            rte["a"], backbones[0], tmp_path, "train", *base, "--idpg-prompt-length", "300"
+        ),  # truncation budget
     ]
     assert len({reference, *others}) == 5
     assert all(os.path.dirname(p) == str(tmp_path) for p in others)

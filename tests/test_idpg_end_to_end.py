@@ -2,6 +2,7 @@
 fairseq-validate) on a slice of the real RTE files with the offline stand-in (all-MiniLM-L6-v2
 converted to fairseq RoBERTa format, standing in for roberta.large), then ``from_pretrained``
 predicting from the compact checkpoint. Slow; CI runs it."""
+
 import json
 import subprocess
 from pathlib import Path
@@ -24,9 +25,25 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, tmp_path):
         lines = (shared_data / "glue" / "RTE" / name).read_text(encoding="utf-8").splitlines(keepends=True)
         (raw / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
     cache = tmp_path / "mx-cache"
-    cmd = ["bash", str(REPO / "scripts" / "run.sh"), "RTE", "--raw", str(raw), "--method", "m-idpg-phm",
-           "--work-dir", str(tmp_path), "--max-update", "4", "--total-batch", "8",
-           "--validate-interval-updates", "4", "--idpg-cache-dir", str(cache)]
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "run.sh"),
+        "RTE",
+        "--raw",
+        str(raw),
+        "--method",
+        "m-idpg-phm",
+        "--work-dir",
+        str(tmp_path),
+        "--max-update",
+        "4",
+        "--total-batch",
+        "8",
+        "--validate-interval-updates",
+        "4",
+        "--idpg-cache-dir",
+        str(cache),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     save = tmp_path / "checkpoints" / "standin" / "RTE" / "m-idpg-phm"
@@ -35,7 +52,7 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, tmp_path):
 
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
     assert not any(k.startswith("encoder.") for k in state["model"])  # generator + head + fingerprint
-    n, m, t, d, L = 16, 16, 5, 384, 6  # M-IDPG-PHM on the 6 x 384 stand-in (SPEC section 1's formula)
+    n, m, t, d, L = 16, 16, 5, 384, 6  # M-IDPG-PHM on the 6 x 384 stand-in (IDPG appendix A.1.2's formula)
     expected = 2 * n**3 + (d * m + m * t * d) // n + m + L * t * d
     assert sum(v.numel() for k, v in state["model"].items() if k.startswith("generator.")) == expected
     # M(x) of the 40 dev and 32 seen train examples: computed once, on disk
@@ -45,8 +62,12 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, tmp_path):
     from fairseq.models.roberta import RobertaModel
 
     hub = RobertaModel.from_pretrained(
-        str(save), "checkpoint_best.pt", data_name_or_path=str(tmp_path / "data-bin" / "standin" / "RTE"),
-        user_dir=str(REPO / "fairseq_idpg"), bpe="wordpiece", wordpiece_vocab=str(STANDIN / "vocab.txt"),
+        str(save),
+        "checkpoint_best.pt",
+        data_name_or_path=str(tmp_path / "data-bin" / "standin" / "RTE"),
+        user_dir=str(REPO / "fairseq_idpg"),
+        bpe="wordpiece",
+        wordpiece_vocab=str(STANDIN / "vocab.txt"),
     )
     hub.eval()
     tokens = hub.encode("A cat sat on the mat.", "A cat is sitting.")

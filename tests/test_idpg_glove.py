@@ -1,17 +1,18 @@
 """GloVe sentence encoder (IDPG Eq. 5) on small GloVe-format files the tests write; token ids back
 to words (WordPiece and RoBERTa's GPT-2 BPE); M-IDPG-PHM-GloVe precomputes the sentence vectors
 once per example when a split loads."""
+
 import types
 
 import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
-
-from fairseq_idpg.modules.glove import GloveSentenceEncoder, read_glove_dim, sentence_words
-from fairseq_idpg.modules.idpg_detokenize import Detokenizer, is_gpt2_dictionary
 from test_idpg_cache import TRAIN_ROWS, batches, rte, setup  # noqa: F401  (fixtures)
 from test_idpg_model import backbones  # noqa: F401  (fixture)
+
+from fairseq_idpg.modules.prompts.detokenize import Detokenizer, is_gpt2_dictionary
+from fairseq_idpg.modules.prompts.glove import GloveSentenceEncoder, read_glove_dim, sentence_words
 
 VECTORS = {"the": [1, 0, 0, 0], "cat": [0, 2, 0, 0], "sat": [0, 0, 3, 0], "dont": [0, 0, 0, 4], "mat": [5, 5, 5, 5]}
 
@@ -48,8 +49,10 @@ def test_not_a_glove_file(tmp_path):
 def test_wordpiece_ids_back_to_words(backbones):  # noqa: F811
     from fairseq_idpg.encoders.wordpiece import WordpieceBPE
 
-    d = Dictionary.load(str(backbones[0] / "dict.txt"))
-    bpe = WordpieceBPE(types.SimpleNamespace(wordpiece_vocab=str(backbones[0] / "vocab.txt"), wordpiece_cased=False))
+    d = Dictionary.load(str(backbones[0].folder / "dict.txt"))
+    bpe = WordpieceBPE(
+        types.SimpleNamespace(wordpiece_vocab=str(backbones[0].folder / "vocab.txt"), wordpiece_cased=False)
+    )
     ids = lambda text: d.encode_line(bpe.encode(text), add_if_not_exist=False, append_eos=True).tolist()  # noqa: E731
     row = [d.bos()] + ids("The Unbelievable cat, sat!") + [d.eos()] + ids("Hello world.") + [d.pad()] * 2
     assert not is_gpt2_dictionary(d)
@@ -63,7 +66,9 @@ def test_gpt2_ids_back_to_text(roberta_bpe):
 
     d = Dictionary.load(str(roberta_bpe / "dict.txt"))
     encoder = get_encoder(str(roberta_bpe / "encoder.json"), str(roberta_bpe / "vocab.bpe"))
-    ids = lambda text: d.encode_line(" ".join(map(str, encoder.encode(text))), add_if_not_exist=False, append_eos=True).tolist()  # noqa: E731
+    ids = lambda text: d.encode_line(
+        " ".join(map(str, encoder.encode(text))), add_if_not_exist=False, append_eos=True
+    ).tolist()  # noqa: E731
     row = [d.bos()] + ids("Hello world, it's café time.") + [d.eos()] + ids("A second one") + [d.pad()]
     assert is_gpt2_dictionary(d)
     assert Detokenizer(d, bpe_dir=str(roberta_bpe)).decode(row) == "Hello world, it's café time. A second one"
@@ -72,7 +77,9 @@ def test_gpt2_ids_back_to_text(roberta_bpe):
 
 
 def test_glove_vectors_are_precomputed_once_per_example(rte, backbones, tmp_path):  # noqa: F811
-    words = {w: np.random.default_rng(len(w)).normal(size=300).round(3) for w in ("the", "a", "of", "in", "to", "is", "was")}
+    words = {
+        w: np.random.default_rng(len(w)).normal(size=300).round(3) for w in ("the", "a", "of", "in", "to", "is", "was")
+    }
     glove = str(write_glove(tmp_path / "glove.test.300d.txt", words))
     flags = ("--idpg-preset", "m-idpg-phm-glove", "--idpg-glove-vectors", glove)
     task, model = setup(rte["a"], backbones[0], tmp_path / "cache", *flags)

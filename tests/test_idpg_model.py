@@ -1,45 +1,29 @@
-"""roberta_idpg (IDPG, SPEC section 1): the generator against its equations, zero weights = prompt
-tuning, the multi-layer path against a layer-by-layer reference, freezing, compact checkpoints,
-build-time errors. Tiny random backbones (3 layers x 32)."""
-import argparse
-import types
-from pathlib import Path
+"""roberta_idpg (IDPG): the generator against its equations (IDPG Eq. 2-4), zero generator weights =
+the static prompts of roberta_prompt (prompt tuning, P-tuning v2), the multi-layer path against a
+layer-by-layer reference, freezing, compact checkpoints, build-time errors. Tiny random backbones
+(3 layers x 32, conftest)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq.data import Dictionary
-
-from fairseq_idpg.conversion.tiny import write_tiny_roberta
-from fairseq_idpg.models import roberta_idpg
-from fairseq_idpg.models.roberta_idpg import RobertaIdpgModel
-from fairseq_idpg.modules.idpg_layer_bias import LayerBiases
-from fairseq_idpg.modules.prompt_generator import PromptGenerator
+from conftest import build_tiny
 from test_prompt_insertion import PAD, PAIRS, batch, hand_built, slot_by_hand
 
+from fairseq_idpg.data.task_info import TaskInfo
+from fairseq_idpg.methods import METHODS
+from fairseq_idpg.models import roberta_idpg
+from fairseq_idpg.modules.prompts.generator import PromptGenerator
+from fairseq_idpg.modules.prompts.layer_biases import LayerBiases
+from fairseq_idpg.tasks.model_protocol import SentenceCacheModel
+
 LAYERS, DIM = 3, 32
+IDPG = "roberta_idpg"
 
 
 @pytest.fixture(scope="session")
-def backbones(tmp_path_factory):
-    root = tmp_path_factory.mktemp("idpg_backbones")
-    return [Path(write_tiny_roberta(root / f"b{seed}", layers=LAYERS, dim=DIM, heads=4, ffn=64, seed=seed)) for seed in (0, 1)]
-
-
-def build_idpg(backbone, data=None, model_file=None, **flags):
-    """A roberta_idpg model with a 2-class head, as fairseq-train builds it (args -> build_model);
-    ``backbone``: a tiny RoBERTa folder, ``model_file``: what --backbone names (its model.pt)."""
-    d = Dictionary.load(str(backbone / "dict.txt"))
-    d.add_symbol("<mask>")
-    args = argparse.Namespace(
-        arch="roberta_idpg", encoder_layers=LAYERS, encoder_embed_dim=DIM, encoder_ffn_embed_dim=64,
-        encoder_attention_heads=4, max_positions=512, backbone=str(model_file or backbone / "model.pt"), save_trainable_only=True,
-        **{"idpg_cache": "memory", **flags},
-    )
-    task = types.SimpleNamespace(source_dictionary=d, cfg=types.SimpleNamespace(data=str(data) if data else None))
-    model = RobertaIdpgModel.build_model(args, task)
-    model.register_classification_head("head", num_classes=2)
-    return model
+def backbones(tiny_backbones):
+    """Two tiny backbones of one shape (3 layers x 32), different weights."""
+    return [tiny_backbones(layers=LAYERS, dim=DIM, seed=seed) for seed in (0, 1)]
 
 
 def kron_weight(A, B):
@@ -47,11 +31,9 @@ def kron_weight(A, B):
 
 
 def generator_by_formula(gen, x, index):
-    """G (SPEC section 1, eval mode): (GELU(x W1 + b1) W2 + c_index).view(B, t, d)."""
+    """G (IDPG Eq. 2-4, eval mode): (GELU(x W1 + b1) W2 + c_index).view(B, t, d)."""
     b = gen.biases  # c_0, then c_1..c_(K-1) in full or as U V
     c = b.first if index == 0 else (b.rest if b.rank == 0 else b.mix @ b.basis)[index - 1]
-    if gen.kind == "none":
-        return c.view(gen.t, gen.embed_dim)
     if gen.kind == "dnn":
         W1, b1, W2 = gen.W1, gen.b1, gen.W2
     else:
@@ -68,7 +50,10 @@ def test_generator_equals_its_equations(kind, a_sets):
     x = torch.randn(5, d_in, dtype=torch.float64)
     for k in range(K):
         assert torch.allclose(gen(x, k), generator_by_formula(gen, x, k), atol=1e-12)
-    expected = {"phm": a_sets * n**3 + (d_in * m + m * t * d) // n + m + K * t * d, "dnn": d_in * m + m + m * t * d + K * t * d}[kind]
+    expected = {
+        "phm": a_sets * n**3 + (d_in * m + m * t * d) // n + m + K * t * d,
+        "dnn": d_in * m + m + m * t * d + K * t * d,
+    }[kind]
     assert sum(p.numel() for p in gen.parameters()) == expected
     if kind == "phm":
         assert (gen.phm2.A_set() is gen.phm1.A) == (a_sets == 1)
@@ -92,7 +77,9 @@ def test_ablations_residual_and_layer_norm():
         gen.load_state_dict(plain.state_dict(), strict=False)
         g = plain(x)
         ln = lambda v: F.layer_norm(v, (8,))  # noqa: E731  (fresh LayerNorms: weight 1, bias 0)
-        expected = {(True, False): g + x[:, None], (False, True): ln(g), (True, True): ln(ln(x)[:, None] + ln(g))}[residual, norm]
+        expected = {(True, False): g + x[:, None], (False, True): ln(g), (True, True): ln(ln(x)[:, None] + ln(g))}[
+            residual, norm
+        ]
         assert torch.allclose(gen(x), expected, atol=1e-6)
 
 
@@ -109,31 +96,69 @@ def test_low_rank_layer_biases():
 
 
 # ---------------------------------------------------------------------- equivalences in the model
-@pytest.mark.parametrize("idpg,baseline", [("s-idpg-phm", "prompt-tuning"), ("s-idpg-dnn", "prompt-tuning"),
-                                           ("m-idpg-phm", "p-tuning-v2"), ("m-idpg-dnn", "p-tuning-v2")])
+@pytest.mark.parametrize(
+    "idpg,baseline",
+    [
+        ("s-idpg-phm", "prompt-tuning-5"),
+        ("s-idpg-dnn", "prompt-tuning-5"),
+        ("m-idpg-phm", "p-tuning-v2-5"),
+        ("m-idpg-dnn", "p-tuning-v2-5"),
+    ],
+)
 def test_zero_generator_weights_give_prompt_tuning_logits(backbones, idpg, baseline):
+    """IDPG section 3.1: with W = 0 IDPG is prompt tuning (single layer) or P-tuning v2 (multi-layer)
+    whose prompts are the biases c: the roberta_prompt model of that method, on the same backbone
+    with the same head, gives exactly the same logits."""
     torch.manual_seed(3)
-    model, reference = build_idpg(backbones[0], idpg_preset=idpg), build_idpg(backbones[0], idpg_preset=baseline)
+    model, reference = build_tiny(backbones[0], METHODS[idpg]), build_tiny(backbones[0], METHODS[baseline])
     src = batch(PAIRS)
     model.eval(), reference.eval()
-    reference.load_state_dict(model.state_dict(), strict=False)  # the head
-    reference.generator.biases.load_state_dict(model.generator.biases.state_dict())  # c: the prompts
+    reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
     with torch.no_grad():
-        assert not torch.equal(model(src, classification_head_name="head")[0], reference(src, classification_head_name="head")[0])
+        c = model.generator.biases().view(-1, model.args.idpg_prompt_length, DIM)  # [K, t, d], K = 1 or L
+        assert reference.prompt.weight.shape == (c.shape if reference.deep else c.shape[1:])
+        reference.prompt.weight.copy_(c if reference.deep else c[0])
+        assert not torch.equal(
+            model(src, classification_head_name="head")[0], reference(src, classification_head_name="head")[0]
+        )
         for name, p in model.generator.named_parameters():
             if name.startswith(("W", "phm1.B", "phm2.B")):  # dense W1, W2 or the PHM B sets: W = 0
                 p.zero_()
-        assert torch.equal(model(src, classification_head_name="head")[0], reference(src, classification_head_name="head")[0])
+        assert torch.equal(
+            model(src, classification_head_name="head")[0], reference(src, classification_head_name="head")[0]
+        )
 
 
-def reference_features(model, src, position):
-    """The multi-layer additive scheme (SPEC section 1) one layer and one example at a time."""
-    enc, a = model.encoder.sentence_encoder, model.args
-    L, t = len(enc.layers), a.idpg_prompt_length
-    gen_of = lambda l: (model.generators[l], 0) if a.idpg_sharing == "L" else (model.generator, l if a.idpg_sharing == "M" else 0)  # noqa: E731
+def idpg_prompt_of(model):
+    """prompt(l, x, mx) -> P_l of layer l by IDPG's formula: from the <s> state x after layer l or M(x)."""
+    a = model.args
+
+    def gen_of(l):
+        if a.idpg_sharing == "L":
+            return model.generators[l], 0
+        return model.generator, l if a.idpg_sharing == "M" else 0
+
+    def prompt(l, x, mx):
+        gen, index = gen_of(l)
+        source = x if l > 0 and a.idpg_layer_input == "previous" else mx
+        return generator_by_formula(gen, source[None], index)[0]
+
+    return prompt
+
+
+def static_prompt_of(model):
+    """prompt(l, x, mx) -> P_l of a deep roberta_prompt model: its weight [L, t, d], row l."""
+    return lambda l, x, mx: model.prompt.weight[l]
+
+
+def reference_features(model, src, position, prompt_of):
+    """The multi-layer additive scheme (IDPG section 3.2.2) one layer and one example at a time;
+    ``prompt_of(l, x, mx)``: the [t, d] prompt of layer l for an example with <s> state x, M(x) mx."""
+    enc = model.encoder.sentence_encoder
+    L, t = len(enc.layers), model.num_inserted_tokens
     mx = enc(src)["encoder_out"][0][0]  # the unprompted input's final <s> state
-    first, index = gen_of(0)
-    tokens, emb = hand_built(src, generator_by_formula(first, mx, index), position, enc.embed_tokens)
+    first = torch.stack([prompt_of(0, None, mx[i]) for i in range(src.size(0))])
+    tokens, emb = hand_built(src, first, position, enc.embed_tokens)
     starts = [slot_by_hand(row, position) for row in src.tolist()]
     pad = tokens.eq(PAD)
     x, _ = enc.forward_embedding(tokens, emb)
@@ -142,34 +167,33 @@ def reference_features(model, src, position):
         out = layer(x, encoder_padding_mask=pad)
         x = (out[0] if isinstance(out, tuple) else out).clone()
         if l < L:
-            gen, index = gen_of(l)
             for i, s in enumerate(starts):
-                source = x[0, i] if a.idpg_layer_input == "previous" else mx[i]
-                prompt = generator_by_formula(gen, source[None], index)
-                x[s : s + t, i] = x[s : s + t, i] + (prompt if gen.kind == "none" else prompt[0])
+                x[s : s + t, i] = x[s : s + t, i] + prompt_of(l, x[0, i], mx[i])
     return x.transpose(0, 1), tokens
 
 
 @pytest.mark.parametrize(
-    "flags,position",
+    "arch,flags,position",
     [
-        (dict(idpg_preset="m-idpg-phm"), 1),  # previous-layer input, M version
-        (dict(idpg_preset="m-idpg-phm", idpg_layer_input="first"), 3),
-        (dict(idpg_preset="m-idpg-dnn", idpg_sharing="S"), 2),
-        (dict(idpg_preset="m-idpg-phm", idpg_sharing="L"), 0),
-        (dict(idpg_preset="m-idpg-phm", idpg_layer_bias_rank=1), 4),
-        (dict(idpg_preset="p-tuning-v2"), 1),
+        (IDPG, dict(idpg_preset="m-idpg-phm"), 1),  # previous-layer input, M version
+        (IDPG, dict(idpg_preset="m-idpg-phm", idpg_layer_input="first"), 3),
+        (IDPG, dict(idpg_preset="m-idpg-dnn", idpg_sharing="S"), 2),
+        (IDPG, dict(idpg_preset="m-idpg-phm", idpg_sharing="L"), 0),
+        (IDPG, dict(idpg_preset="m-idpg-phm", idpg_layer_bias_rank=1), 4),
+        ("roberta_prompt", dict(prompt_preset="p-tuning-v2-5"), 1),  # the static prompts of P-tuning v2
     ],
 )
-def test_multi_layer_path_equals_layer_by_layer_reference(backbones, flags, position):
+def test_multi_layer_path_equals_layer_by_layer_reference(backbones, arch, flags, position):
     torch.manual_seed(4)
-    model = build_idpg(backbones[0], prompt_position=position, **flags).double().eval()
+    model = build_tiny(backbones[0], arch, prompt_position=position, **flags).double().eval()
+    prompt_of = idpg_prompt_of(model) if arch == IDPG else static_prompt_of(model)
     with torch.no_grad():
-        for p in model.generator.parameters() if hasattr(model, "generator") else model.generators.parameters():
+        trained = model.prompt if arch != IDPG else model.generator if hasattr(model, "generator") else model.generators
+        for p in trained.parameters():
             p.mul_(8)  # large enough that the prompts depend visibly on their input
         src = batch(PAIRS)
         features, _ = model(src, features_only=True)
-        reference, tokens = reference_features(model, src, position)
+        reference, tokens = reference_features(model, src, position, prompt_of)
         keep = tokens.ne(PAD)
         assert torch.allclose(features[keep], reference[keep], atol=1e-9)
         if flags.get("idpg_preset") == "m-idpg-phm" and "idpg_layer_input" not in flags:
@@ -179,20 +203,24 @@ def test_multi_layer_path_equals_layer_by_layer_reference(backbones, flags, posi
 
 # ---------------------------------------------------------------------- training and freezing
 def test_only_prompt_machinery_and_head_train(backbones):
-    model = build_idpg(backbones[0], idpg_preset="m-idpg-phm")
+    model = build_tiny(backbones[0], IDPG, idpg_preset="m-idpg-phm")
     model.train()
     logits, _ = model(batch(PAIRS), classification_head_name="head")
     logits.sum().backward()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {n for n, _ in model.named_parameters() if n.startswith(("generator.", "classification_heads."))}
+    assert trainable == {
+        n for n, _ in model.named_parameters() if n.startswith(("generator.", "classification_heads."))
+    }
     assert all(p.grad is None for n, p in model.named_parameters() if n in model.backbone_names)
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("generator."))
+    assert all(
+        p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if n.startswith("generator.")
+    )
     n, m, t, d, L = 16, 16, 5, DIM, LAYERS
     assert model.num_trainable_parameters() == 2 * n**3 + (d * m + m * t * d) // n + m + L * t * d
 
 
 def test_mx_is_the_eval_mode_frozen_first_pass(backbones):
-    model = build_idpg(backbones[0], idpg_preset="s-idpg-phm", idpg_cache="off")
+    model = build_tiny(backbones[0], IDPG, idpg_preset="s-idpg-phm", idpg_cache="off")
     src = batch(PAIRS)
     model.train()
     mx = model.sentence_representation(src)
@@ -201,39 +229,43 @@ def test_mx_is_the_eval_mode_frozen_first_pass(backbones):
     assert torch.equal(mx, model.sentence_representation(src))  # no dropout: deterministic
     model.eval()
     assert torch.equal(mx, model.encoder.extract_features(src)[0][:, 0])
-    authors = build_idpg(backbones[0], idpg_preset="s-idpg-phm", idpg_cache="off", idpg_mx_train_mode=True).train()
+    authors = build_tiny(backbones[0], IDPG, idpg_preset="s-idpg-phm", idpg_cache="off", idpg_mx_train_mode=True)
+    authors.train()
     assert not torch.equal(authors.sentence_representation(src), authors.sentence_representation(src))  # dropout on
 
 
 def test_compact_checkpoint_roundtrip_and_wrong_backbone(backbones):
-    model = build_idpg(backbones[0], idpg_preset="m-idpg-phm").eval()
+    model = build_tiny(backbones[0], METHODS["m-idpg-phm"]).eval()  # the record saves compact checkpoints
     state = model.state_dict()
     assert not any(k.startswith("encoder.") for k in state)
-    assert {k for k in state if k.startswith("generator.")} == {n for n, _ in model.generator.named_parameters(prefix="generator")}
-    same = build_idpg(backbones[0], idpg_preset="m-idpg-phm").eval()
+    assert {k for k in state if k.startswith("generator.")} == {
+        n for n, _ in model.generator.named_parameters(prefix="generator")
+    }
+    same = build_tiny(backbones[0], METHODS["m-idpg-phm"]).eval()
     same.load_state_dict(state)
     src = batch(PAIRS)
     assert torch.equal(model(src, classification_head_name="head")[0], same(src, classification_head_name="head")[0])
-    other = build_idpg(backbones[1], idpg_preset="m-idpg-phm")
+    other = build_tiny(backbones[1], METHODS["m-idpg-phm"])
     with pytest.raises(RuntimeError, match="trained on another backbone"):
         other.load_state_dict(state)
 
 
 def test_supplementary_stage_trains_the_backbone(backbones):
-    model = build_idpg(backbones[0], idpg_preset="s-idpg-phm", idpg_train_backbone=True)
+    model = build_tiny(backbones[0], IDPG, idpg_preset="s-idpg-phm", idpg_train_backbone=True)
     assert all(p.requires_grad for p in model.parameters())
-    assert not model.wants_sentence_cache()  # M(x) changes while the backbone trains
+    assert isinstance(model, SentenceCacheModel) and not model.wants_sentence_cache()  # M(x) changes while it trains
 
 
 # ---------------------------------------------------------------------- bad configurations
-@pytest.fixture()
-def single_sentence_data(tmp_path):
-    (tmp_path / "input0").mkdir()
-    return tmp_path
+SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=False, metric="accuracy", splits={})
 
 
 BAD = [
-    (dict(idpg_phm_n=3), "--idpg-phm-n 3 must divide the generator input size 32 .roberta., --idpg-hidden 16 and t.d = 5.32 = 160; valid here: 1, 2, 4, 8, 16"),
+    (
+        dict(idpg_phm_n=3),
+        "--idpg-phm-n 3 must divide the generator input size 32 .roberta., --idpg-hidden 16 and t.d = 5.32 = 160; "
+        "valid here: 1, 2, 4, 8, 16",
+    ),
     (dict(idpg_input="glove"), "--idpg-input glove needs GloVe vectors: give --idpg-glove-vectors PATH"),
     (dict(prompt_position=2), "--prompt-position 2 needs sentence pairs"),
     (dict(prompt_position=3), "--prompt-position 3 needs sentence pairs"),
@@ -246,27 +278,28 @@ BAD = [
 
 
 @pytest.mark.parametrize("flags,message", BAD)
-def test_bad_configuration_fails_at_build_time(backbones, single_sentence_data, monkeypatch, flags, message):
-    monkeypatch.setattr(roberta_idpg, "DEFAULT_GLOVE", single_sentence_data / "absent.txt")
-    absent = single_sentence_data / "absent.pt"  # the checks come before the backbone is loaded
+def test_bad_configuration_fails_at_build_time(backbones, tmp_path, monkeypatch, flags, message):
+    monkeypatch.setattr(roberta_idpg, "DEFAULT_GLOVE", tmp_path / "absent.txt")
+    absent = tmp_path / "absent.pt"  # the checks come before the backbone is loaded
     with pytest.raises(ValueError, match=message):
-        build_idpg(backbones[0], data=single_sentence_data, model_file=absent, **flags)
+        build_tiny(backbones[0], IDPG, info=SINGLE_SENTENCES, backbone_file=absent, **flags)
 
 
 def test_glove_input_cannot_take_the_previous_layer_state(backbones, tmp_path):
     glove = tmp_path / "g.txt"
     glove.write_text("the " + " ".join(["0.5"] * 300) + "\n")
-    flags = dict(model_file=tmp_path / "absent.pt", idpg_preset="m-idpg-phm-glove", idpg_glove_vectors=str(glove))
-    with pytest.raises(ValueError, match="--idpg-layer-input previous feeds the 32-dim <s> state to a generator built for GloVe's 300-dim"):
-        build_idpg(backbones[0], idpg_layer_input="previous", **flags)
+    flags = dict(backbone_file=tmp_path / "absent.pt", idpg_preset="m-idpg-phm-glove", idpg_glove_vectors=str(glove))
+    message = "--idpg-layer-input previous feeds the 32-dim <s> state to a generator built for GloVe's 300-dim"
+    with pytest.raises(ValueError, match=message):
+        build_tiny(backbones[0], IDPG, idpg_layer_input="previous", **flags)
     with pytest.raises(ValueError, match="--idpg-phm-n 16 must divide the generator input size 300 .glove."):
-        build_idpg(backbones[0], idpg_phm_n=16, **flags)
+        build_tiny(backbones[0], IDPG, idpg_phm_n=16, **flags)
 
 
 def test_table2_counts_at_roberta_large():
-    """scripts/count_params.py's IDPG rows: the real modules at roberta-large size equal SPEC's
-    formulas and the issue's figures."""
-    from fairseq_idpg.counts.idpg import low_rank_rows, table2_rows
+    """scripts/count_params.py's IDPG rows: the real modules at roberta-large size equal the formulas
+    of IDPG appendix A.1.2 (prompt tuning and P-tuning v2 from roberta_prompt's records)."""
+    from fairseq_idpg.counts.prompts import low_rank_rows, table2_rows
 
     rows = table2_rows()
     assert all(ours == paper for _, ours, paper in rows + low_rank_rows())

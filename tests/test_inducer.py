@@ -1,19 +1,19 @@
-"""Inducer-tuning (SPEC section 3): equivalences with attention computed explicitly, padding,
-gradients, precision, memory, presets, counts and build-time errors."""
+"""Inducer-tuning (inducer-tuning sections 4.3-4.5, Tables 3 and 5): equivalences with attention
+computed explicitly, padding, gradients, precision, memory, presets, counts and build-time errors."""
+
 import copy
 import math
 import re
 
 import pytest
 import torch
+from blocks_support import logits, run_main_job
+from conftest import build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
-from test_inducer_support import build, logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
 
-from fairseq_idpg.counts.inducer import baseline_rows, inducer_rows
-from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel
-from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
-from fairseq_idpg.modules.inducer import Inducer
-from fairseq_idpg.modules.inducer_attention import InducerSelfAttention
+from fairseq_idpg.counts.blocks import baseline_rows, inducer_rows
+from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
+from fairseq_idpg.modules.attention.inducer import Inducer
 
 D, H = 16, 4
 DH = D // H
@@ -24,11 +24,13 @@ def attention_pair(output="gated", extend_value=True, key_rank=3, mask_lambda=Tr
     torch.manual_seed(seed)
     reference = MultiheadAttention(D, H, dropout=0.0, self_attention=True).to(dtype)
     attention = copy.deepcopy(reference)
-    inducer = Inducer(D, H, key_rank, 2, extend_value=extend_value, output=output, mask_lambda=mask_lambda, lambda_dropout=0.0)
+    inducer = Inducer(
+        D, H, key_rank, 2, extend_value=extend_value, output=output, mask_lambda=mask_lambda, lambda_dropout=0.0
+    )
     with torch.no_grad():
         for p in inducer.parameters():  # far from the 0.01 init, so every term matters
             p.normal_(0, 0.5)
-    InducerSelfAttention.convert(attention, 0, inducer=inducer.to(dtype))
+    AugmentedSelfAttention.convert(attention, 0, inducer=inducer.to(dtype))
     return reference, attention
 
 
@@ -61,7 +63,7 @@ def explicit_gated(attention, x, pad):
                 keys = torch.cat([k_ind[None], k[h]])  # [1 + S, d_h]
                 w = torch.softmax(keys @ qi / math.sqrt(DH), dim=0)
                 z = torch.tanh(qi @ ind.value_A[h] + ind.value_a[h])
-                W_oh = W_o[:, h * DH:(h + 1) * DH]
+                W_oh = W_o[:, h * DH : (h + 1) * DH]
                 if ind.extend_value:  # values in the output space: [z B_v[h]; V_h W_o^h]
                     values = torch.cat([(z @ ind.value_B[h])[None], v[h] @ W_oh.T])
                     total = total + w @ values
@@ -94,7 +96,13 @@ def test_residual_option_is_ordinary_attention_plus_lambda_delta_with_gradients(
     q = (attention.q_proj(x2)).view(T, B, H, DH).permute(1, 2, 0, 3)
     k = (attention.k_proj(x2)).view(T, B, H, DH).permute(1, 2, 0, 3)
     scores = (q @ k.transpose(-1, -2) / math.sqrt(DH)).masked_fill(pad[:, None, None, :], float("-inf"))
-    k_ind = q + torch.einsum("bhtr,hrd->bhtd", torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.key_A) + ind.key_a[:, None]), ind.key_B) + ind.key_b[:, None]
+    k_ind = (
+        q
+        + torch.einsum(
+            "bhtr,hrd->bhtd", torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.key_A) + ind.key_a[:, None]), ind.key_B
+        )
+        + ind.key_b[:, None]
+    )
     lam = torch.sigmoid((q * k_ind).sum(-1) / math.sqrt(DH) - torch.logsumexp(scores, dim=-1))  # Eq. 7
     z = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.value_A) + ind.value_a[:, None])
     delta = torch.einsum("bht,bhtr,hrd->tbd", lam, z, ind.value_B) + ind.value_b
@@ -166,8 +174,8 @@ def test_no_extra_t_by_t_tensors_beyond_ordinary_attention():
 
 # ---------------------------------------------------------------------- the model
 def test_zero_value_term_gives_the_frozen_backbone_and_the_inducer_path_runs(tiny):
-    model = build(tiny, RobertaInducerModel, inducer_preset="inducer").eval()
-    plain = build(tiny, RobertaAdaptersModel, bitfit=True).eval()  # fairseq's own layers, same backbone
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="inducer").eval()
+    plain = build_tiny(tiny, "roberta_blocks", bitfit=True).eval()  # fairseq's own layers, same backbone
     plain.classification_heads.load_state_dict(model.classification_heads.state_dict())
     reference, ours = logits(plain), logits(model)
     assert not torch.allclose(ours, reference, atol=1e-6)  # the inducer runs (eval mode too)
@@ -179,19 +187,23 @@ def test_zero_value_term_gives_the_frozen_backbone_and_the_inducer_path_runs(tin
 
 
 def test_presets_build_the_table5_blocks_and_only_they_train(tiny):
-    mam = build(tiny, RobertaInducerModel, inducer_preset="mam-inducer")
+    mam = build_tiny(tiny, "roberta_blocks", blocks_preset="mam-inducer")
     layer = mam.encoder.sentence_encoder.layers[0]
     assert (layer.self_attn.inducer.key_rank, layer.self_attn.inducer.value_rank) == (2, 2)
     assert layer.self_attn.lora_q.rank == 4 and layer.self_attn.lora_v is None
     assert layer.parallel_adapter.down.out_features == 12 and layer.parallel_adapter.scale == 2.0
     trainable = {n for n, p in mam.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")}
     assert trainable and all(any(s in n for s in (".inducer.", ".lora_q.", ".parallel_adapter.")) for n in trainable)
-    assert mam.num_trainable_parameters() == 2 * ((2 * 32 * 2 + 4 * 2 + 32) + (32 * 2 + 4 * 2 + 4 * 2 * 32 + 32) + 2 * 32 * 4 + (2 * 32 * 12 + 12 + 32))
+    assert mam.num_trainable_parameters() == 2 * (
+        (2 * 32 * 2 + 4 * 2 + 32) + (32 * 2 + 4 * 2 + 4 * 2 * 32 + 32) + 2 * 32 * 4 + (2 * 32 * 12 + 12 + 32)
+    )
 
-    explicit = build(tiny, RobertaInducerModel, inducer_preset="inducer-lora", lora_rank=8, inducer_output="gated")  # flags beat the preset
+    # flags beat the preset
+    explicit = build_tiny(tiny, "roberta_blocks", blocks_preset="inducer-lora", lora_rank=8, inducer_output="gated")
     attention = explicit.encoder.sentence_encoder.layers[1].self_attn
     assert attention.lora_q.rank == 8 and attention.inducer.output == "gated" and attention.inducer.key_rank == 2
-    adaptive = build(tiny, RobertaInducerModel, inducer_preset="adaptive").encoder.sentence_encoder.layers[0].self_attn.inducer
+    adaptive = build_tiny(tiny, "roberta_blocks", blocks_preset="inducer-adaptive")
+    adaptive = adaptive.encoder.sentence_encoder.layers[0].self_attn.inducer
     assert (adaptive.key_rank, adaptive.extend_value) == (0, False) and not hasattr(adaptive, "key_A")
 
 
@@ -205,17 +217,34 @@ def test_counts_match_the_paper():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (dict(inducer_preset="inducer-lora", lora_rank=0), "--lora-rank must be >= 1 for --inducer-preset inducer-lora (got 0)"),
-        (dict(inducer_value_rank=0), "--inducer-value-rank must be >= 1"),
-        (dict(inducer_key_rank=1), "--inducer-key-rank must be 0 (k~ = q) or >= 2, got 1"),
-        (dict(inducer_preset="mam-inducer", ffn_adapter_dim=64), "--ffn-adapter-dim must be between 1 and the model dimension 32, got 64"),
-        (dict(encoder_attention_heads=5), "--encoder-attention-heads 5 must divide --encoder-embed-dim 32"),
-        (dict(inducer_preset="nope"), "--inducer-preset must be one of inducer, inducer-lora, mam-inducer"),
+        (
+            dict(blocks_preset="inducer-lora", lora_rank=0),
+            "--lora-rank must be >= 1 for --blocks-preset inducer-lora (got 0)",
+        ),
+        (dict(blocks_preset="inducer", inducer_value_rank=0), "--inducer-value-rank must be >= 1"),
+        (dict(blocks_preset="inducer", inducer_key_rank=1), "--inducer-key-rank must be 0 (k~ = q) or >= 2, got 1"),
+        (
+            dict(blocks_preset="inducer", inducer_lambda_dropout=1.0),
+            "--inducer-lambda-dropout must be in [0, 1), got 1.0",
+        ),
+        (
+            dict(blocks_preset="mam-inducer", ffn_adapter_dim=64),
+            "--ffn-adapter-dim must be between 1 and the model dimension 32, got 64",
+        ),
+        (
+            dict(blocks_preset="inducer", encoder_attention_heads=5),
+            "--encoder-attention-heads 5 must divide --encoder-embed-dim 32",
+        ),
+        (
+            dict(blocks_preset="inducer", inducer_output="both"),
+            "--inducer-output must be one of residual, gated, got 'both'",
+        ),
+        (dict(blocks_preset="nope"), "--blocks-preset must be one of inducer, inducer-lora, mam-inducer"),
     ],
 )
 def test_invalid_settings_fail_at_build_time(tiny, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build(tiny, RobertaInducerModel, **flags)
+        build_tiny(tiny, "roberta_blocks", **flags)
 
 
 @pytest.mark.slow

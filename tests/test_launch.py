@@ -1,4 +1,5 @@
 """The multi-device launcher keeps the effective batch."""
+
 import pytest
 
 from fairseq_idpg.launch import build_command, update_freq_for
@@ -15,12 +16,19 @@ def test_indivisible_batch_is_an_error():
 
 
 def test_cpu_multi_worker_uses_torchrun_gloo_legacy_ddp():
-    cmd = build_command(["data", "--user-dir", "fairseq_idpg"], nproc=2, total_batch=16, batch_size=4, cpu=True, python="py")
+    cmd = build_command(
+        ["data", "--user-dir", "fairseq_idpg"], nproc=2, total_batch=16, batch_size=4, cpu=True, python="py"
+    )
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
     tail = cmd[cmd.index("fairseq_cli.train") + 1 :]
     assert tail[:3] == ["data", "--user-dir", "fairseq_idpg"]
-    for flag, value in {"--batch-size": "4", "--update-freq": "2", "--distributed-backend": "gloo", "--ddp-backend": "legacy_ddp"}.items():
+    for flag, value in {
+        "--batch-size": "4",
+        "--update-freq": "2",
+        "--distributed-backend": "gloo",
+        "--ddp-backend": "legacy_ddp",
+    }.items():
         assert tail[tail.index(flag) + 1] == value
     assert "--cpu" in tail
 

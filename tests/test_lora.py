@@ -1,16 +1,17 @@
-"""LoRA (SPEC section 3): the update itself, B = 0 leaves the backbone unchanged, merging into W
-gives the same logits, only the LoRA tensors train."""
+"""LoRA (Hu et al. 2021; inducer-tuning section 4.5): the update itself, B = 0 leaves the backbone
+unchanged, merging into W gives the same logits, only the LoRA tensors train."""
+
 import math
 import re
 
 import pytest
 import torch
 import torch.nn as nn
-from test_inducer_support import build, logits, tiny  # noqa: F401 (tiny: fixture)
+from blocks_support import logits
+from conftest import build_tiny
 
-from fairseq_idpg.models.roberta_adapters import RobertaAdaptersModel, merge_lora
-from fairseq_idpg.models.roberta_inducer import RobertaInducerModel
-from fairseq_idpg.modules.lora import LoRA
+from fairseq_idpg.models.roberta_blocks import merge_lora
+from fairseq_idpg.modules.attention.lora import LoRA
 
 
 def test_update_is_scaled_low_rank_product():
@@ -43,26 +44,31 @@ def test_dropout_acts_on_the_input_in_training_only():
 
 def plain_logits(tiny, head):
     """Logits of the frozen backbone through fairseq's own attention (no block installed)."""
-    model = build(tiny, bitfit=True).eval()  # BitFit only unfreezes biases: the forward is fairseq's
+    model = build_tiny(
+        tiny, "roberta_blocks", bitfit=True
+    ).eval()  # BitFit only unfreezes biases: the forward is fairseq's
     model.classification_heads.load_state_dict(head.state_dict())
     return logits(model)
 
 
 def test_lora_with_b_zero_leaves_the_backbone_and_lora_changes_it(tiny):
-    model = build(tiny, adapters_preset="lora").eval()
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="lora").eval()
     reference = plain_logits(tiny, model.classification_heads)
     assert torch.allclose(logits(model), reference, atol=1e-6)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")}
-    assert trainable == {f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.{m}" for i in (0, 1) for t in "qv" for m in "AB"}
+    trainable = {
+        n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")
+    }
+    assert trainable == {
+        f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.{m}" for i in (0, 1) for t in "qv" for m in "AB"
+    }
     with torch.no_grad():
         model.encoder.sentence_encoder.layers[1].self_attn.lora_v.B.normal_()
     assert not torch.allclose(logits(model), reference, atol=1e-4)
 
 
-@pytest.mark.parametrize("model_cls,flags", [(RobertaAdaptersModel, dict(adapters_preset="lora")),
-                                             (RobertaInducerModel, dict(inducer_preset="inducer-lora"))])
-def test_merging_lora_into_w_gives_the_same_logits(tiny, model_cls, flags):
-    model = build(tiny, model_cls, **flags).eval()
+@pytest.mark.parametrize("preset", ["lora", "inducer-lora"])
+def test_merging_lora_into_w_gives_the_same_logits(tiny, preset):
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset=preset).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".lora_" in name and name.endswith(".B"):
@@ -76,16 +82,16 @@ def test_merging_lora_into_w_gives_the_same_logits(tiny, model_cls, flags):
 
 
 def test_bad_lora_settings_fail_at_build_time(tiny):
-    with pytest.raises(ValueError, match=re.escape("--lora-rank must be >= 1 for --adapters-preset lora (got 0)")):
-        build(tiny, adapters_preset="lora", lora_rank=0)
+    with pytest.raises(ValueError, match=re.escape("--lora-rank must be >= 1 for --blocks-preset lora (got 0)")):
+        build_tiny(tiny, "roberta_blocks", blocks_preset="lora", lora_rank=0)
     with pytest.raises(ValueError, match=re.escape("--lora-targets must be q, v or q,v, got 'k'")):
-        build(tiny, adapters_preset="lora", lora_targets="k")
-    with pytest.raises(ValueError, match=re.escape("nothing to train: give --adapters-preset")):
-        build(tiny)
+        build_tiny(tiny, "roberta_blocks", blocks_preset="lora", lora_targets="k")
+    with pytest.raises(ValueError, match=re.escape("nothing to train: give --blocks-preset")):
+        build_tiny(tiny, "roberta_blocks")
 
 
 def test_frozen_projection_gets_no_gradient(tiny):
-    model = build(tiny, adapters_preset="lora").train()
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="lora").train()
     logits(model).sum().backward()
     attention = model.encoder.sentence_encoder.layers[0].self_attn
     assert attention.q_proj.weight.grad is None and isinstance(attention.q_proj, nn.Linear)

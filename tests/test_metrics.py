@@ -2,6 +2,7 @@
 sentence_prediction_metrics``: exact corpus-level values through fairseq's own validation
 paths (``Trainer._aggregate_logging_outputs`` / ``_reduce_and_log_stats``) with one and two
 simulated workers, and checkpoint reloading of the metrics state. Fast: no training."""
+
 import copy
 import json
 import pickle
@@ -52,9 +53,7 @@ def test_binary_metrics_match_direct_formulas(seed):
     targets = rng.integers(0, 2, 200)
     preds = np.where(rng.random(200) < 0.7, targets, 1 - targets)
     counts = glue.confusion_counts(preds, targets)
-    assert counts == tuple(
-        int(np.sum((preds == p) & (targets == t))) for p, t in ((1, 1), (1, 0), (0, 1), (0, 0))
-    )
+    assert counts == tuple(int(np.sum((preds == p) & (targets == t))) for p, t in ((1, 1), (1, 0), (0, 1), (0, 0)))
     accuracy = 100 * np.mean(preds == targets)
     assert glue.accuracy(*counts) == pytest.approx(accuracy)
     assert glue.f1(*counts) == pytest.approx(numpy_f1(preds, targets))
@@ -164,9 +163,7 @@ def regression_batches(seed, sizes):
 
 
 def criterion_for(regression, all_gather_list_size=16384):
-    cfg = SentencePredictionMetricsConfig(
-        regression_target=regression, all_gather_list_size=all_gather_list_size
-    )
+    cfg = SentencePredictionMetricsConfig(regression_target=regression, all_gather_list_size=all_gather_list_size)
     return SentencePredictionMetricsCriterion(cfg, task=None).eval()
 
 
@@ -210,9 +207,7 @@ def simulated_collectives(monkeypatch):
 
     def all_reduce_dict(data, device, group):
         sent.append(data)
-        return OrderedDict(
-            (k, sum(torch.as_tensor(d[k], dtype=torch.double) for d in sent)) for k in data
-        )
+        return OrderedDict((k, sum(torch.as_tensor(d[k], dtype=torch.double) for d in sent)) for k in data)
 
     monkeypatch.setattr(distributed_utils, "all_gather_list", all_gather_list)
     monkeypatch.setattr(distributed_utils, "all_reduce_dict", all_reduce_dict)
@@ -262,9 +257,7 @@ def per_batch_mean(batches, regression):
 @pytest.mark.parametrize("regression", [False, True])
 def test_corpus_metrics_one_and_two_workers(regression, simulated_collectives):
     metrics.reset()
-    batches = (regression_batches if regression else classification_batches)(
-        0, [32, 7, 64, 5, 40]
-    )
+    batches = (regression_batches if regression else classification_batches)(0, [32, 7, 64, 5, 40])
     keys = REGRESSION_KEYS if regression else BINARY_KEYS
     expected = direct(batches, regression)
     averaged = per_batch_mean(batches, regression)

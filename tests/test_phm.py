@@ -1,4 +1,5 @@
 """PHM layer (IDPG Eq. 4): equals a dense layer with W = sum_i kron(A_i, B_i)."""
+
 import pytest
 import torch
 

@@ -1,16 +1,18 @@
-"""Prefix tuning (SPEC section 3): attention over [P_k; K] / [P_v; V], the reparameterisation and
-its per-layer slices, trained through the MLP, saved compact without it."""
+"""Prefix tuning (Li & Liang 2021, He et al. 2021's form): attention over [P_k; K] / [P_v; V], the
+reparameterisation and its per-layer slices, trained through the MLP, saved compact without it."""
+
 import copy
 import math
 
 import pytest
 import torch
+from blocks_support import logits, run_main_job
+from conftest import build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
-from test_inducer_support import build, logits, run_main_job, tiny  # noqa: F401 (tiny: fixture)
 
-from fairseq_idpg.models.roberta_adapters import PREFIX_KEY
-from fairseq_idpg.modules.inducer_attention import InducerSelfAttention
-from fairseq_idpg.modules.prefix import PrefixEncoder
+from fairseq_idpg.models.roberta_blocks import PREFIX_KEY
+from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
+from fairseq_idpg.modules.attention.prefix import PrefixEncoder
 
 
 def test_layer_slices_are_the_reparameterised_prefixes():
@@ -35,7 +37,7 @@ def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():
     dh = D // H
     attention = MultiheadAttention(D, H, dropout=0.0, self_attention=True).double()
     prefix = PrefixEncoder(num_layers=2, dim=D, length=l, mid_dim=7).double()
-    InducerSelfAttention.convert(attention, 1, prefix=prefix)
+    AugmentedSelfAttention.convert(attention, 1, prefix=prefix)
     x = torch.randn(5, 2, D, dtype=torch.float64)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     out, _ = attention(x, x, x, key_padding_mask=pad)
@@ -47,14 +49,15 @@ def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():
         values = torch.cat([pv, attention.v_proj(x[valid, b])])
         q = attention.q_proj(x[:, b])
         heads = [
-            torch.softmax(q[:, h * dh:(h + 1) * dh] @ keys[:, h * dh:(h + 1) * dh].T / math.sqrt(dh), dim=-1) @ values[:, h * dh:(h + 1) * dh]
+            torch.softmax(q[:, h * dh : (h + 1) * dh] @ keys[:, h * dh : (h + 1) * dh].T / math.sqrt(dh), dim=-1)
+            @ values[:, h * dh : (h + 1) * dh]
             for h in range(H)
         ]
         assert torch.allclose(out[:, b], attention.out_proj(torch.cat(heads, dim=-1)), atol=1e-12)
 
 
 def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
-    model = build(tiny, adapters_preset="prefix-tuning", save_trainable_only=True)
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True)
     logits(model).sum().backward()
     mlp = model.prefix_encoder
     assert mlp.embedding.weight.grad.abs().sum() > 0 and mlp.output.weight.grad.abs().sum() > 0
@@ -67,7 +70,7 @@ def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
     assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in state)
     assert not any(k.startswith("encoder.") for k in state)  # --save-trainable-only: no backbone either
 
-    fresh = build(tiny, adapters_preset="prefix-tuning", save_trainable_only=True).eval()
+    fresh = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True).eval()
     fresh.load_state_dict(state)
     assert fresh.prefix_encoder.stored and fresh.num_trainable_parameters() == 2 * 2 * 32 * 32
     assert torch.allclose(logits(fresh), expected, atol=1e-6)
@@ -75,22 +78,22 @@ def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
 
 
 def test_prefix_save_mlp_keeps_resumable_checkpoints(tiny):
-    model = build(tiny, adapters_preset="prefix-tuning", prefix_save_mlp=True)
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", prefix_save_mlp=True)
     state = model.state_dict()
     assert PREFIX_KEY not in state and "prefix_encoder.output.weight" in state
-    fresh = build(tiny, adapters_preset="prefix-tuning", prefix_save_mlp=True)
+    fresh = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", prefix_save_mlp=True)
     fresh.load_state_dict(copy.deepcopy(state))
     assert not fresh.prefix_encoder.stored
     assert torch.equal(fresh.prefix_encoder.prefixes(), model.prefix_encoder.prefixes())
 
 
 def test_prefixes_change_outputs_and_bad_length_fails(tiny):
-    model = build(tiny, adapters_preset="prefix-tuning").eval()
-    reference = build(tiny, bitfit=True).eval()
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning").eval()
+    reference = build_tiny(tiny, "roberta_blocks", bitfit=True).eval()
     reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
     assert not torch.allclose(logits(model), logits(reference), atol=1e-4)
-    with pytest.raises(ValueError, match=r"--prefix-length must be >= 1 for --adapters-preset prefix-tuning \(got 0\)"):
-        build(tiny, adapters_preset="prefix-tuning", prefix_length=0)
+    with pytest.raises(ValueError, match=r"--prefix-length must be >= 1 for --blocks-preset prefix-tuning \(got 0\)"):
+        build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", prefix_length=0)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
 """scripts/prepare_data.py on slices of the real files and on rows written in the distributed formats."""
+
 import csv
 import importlib.util
 import json
@@ -96,8 +97,13 @@ def test_sst2_slice_hello_world_and_labels(tmp_path, shared_data, run):
     assert not (bin_ / "input1").exists() and not (bin_ / "_text").exists()
     info = json.loads((bin_ / "task.json").read_text())
     assert {k: info[k] for k in ("task", "num_classes", "regression", "pair", "metric", "splits", "bpe")} == {
-        "task": "SST-2", "num_classes": 2, "regression": False, "pair": False, "metric": "accuracy",
-        "splits": {"train": 31, "valid": 10}, "bpe": "gpt2",
+        "task": "SST-2",
+        "num_classes": 2,
+        "regression": False,
+        "pair": False,
+        "metric": "accuracy",
+        "splits": {"train": 31, "valid": 10},
+        "bpe": "gpt2",
     }
 
 
@@ -178,9 +184,14 @@ def test_mr_csv_quoting(tmp_path, shared_data, run, roberta_bpe):
 
 def test_qnli_and_qqp_written_rows(tmp_path, run):
     qnli = tmp_path / "QNLI"
-    write(qnli / "train.tsv", [["index", "question", "sentence", "label"],
-                               ["0", "Who wrote it?", "Hello world", "entailment"],
-                               ["1", "When?", 'It said "no".', "not_entailment"]])
+    write(
+        qnli / "train.tsv",
+        [
+            ["index", "question", "sentence", "label"],
+            ["0", "Who wrote it?", "Hello world", "entailment"],
+            ["1", "When?", 'It said "no".', "not_entailment"],
+        ],
+    )
     write(qnli / "dev.tsv", [["index", "question", "sentence", "label"], ["0", "Why?", "Because.", "not_entailment"]])
     assert run("qnli", qnli, tmp_path / "qnli-bin")[0] == 0
     assert load(tmp_path / "qnli-bin", "input1", "train")[0] == [31414, 232, 2]
@@ -188,7 +199,9 @@ def test_qnli_and_qqp_written_rows(tmp_path, run):
 
     qqp = tmp_path / "QQP"
     header = ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"]
-    write(qqp / "train.tsv", [header, ["1", "1", "2", "Hello world", "Hi world?", "1"], ["2", "3", "4", "A?", "B?", "0"]])
+    write(
+        qqp / "train.tsv", [header, ["1", "1", "2", "Hello world", "Hi world?", "1"], ["2", "3", "4", "A?", "B?", "0"]]
+    )
     write(qqp / "dev.tsv", [header, ["3", "5", "6", "C?", "D?", "1"]])
     assert run("QQP", qqp, tmp_path / "qqp-bin")[0] == 0
     assert load(tmp_path / "qqp-bin", "input0", "train")[0] == [31414, 232, 2]
@@ -204,8 +217,20 @@ def mnli_row(i, s1, s2, label, dev):
 
 def test_mnli_dev_matched_and_mismatched(tmp_path, run):
     raw = tmp_path / "MNLI"
-    head12 = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
+    head12 = [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        "sentence1",
+        "sentence2",
+        "label1",
+        "gold_label",
+    ]
     head16 = head12[:11] + ["label2", "label3", "label4", "label5", "gold_label"]
     labels = ["contradiction", "neutral", "entailment"]
     write(raw / "train.tsv", [head12] + [mnli_row(i, f"s{i}", f"t{i}", labels[i % 3], False) for i in range(6)])
@@ -263,8 +288,13 @@ def test_few_shot_sizes_disjoint_and_seeded():
     assert make_splits(spec, data, 500, None, 3)["valid"] == splits["valid"]  # 500 = 1,500 - 1,000: the most
     with pytest.raises(PrepareError, match="K can be at most 500"):
         make_splits(spec, data, 501, None, 3)
-    mnli = make_splits(get_task("MNLI"), {"train.tsv": fake_train(1200), "dev_matched.tsv": [], "dev_mismatched.tsv": []},
-                       few_shot=200, dev_from_train=None, seed=1)
+    mnli = make_splits(
+        get_task("MNLI"),
+        {"train.tsv": fake_train(1200), "dev_matched.tsv": [], "dev_mismatched.tsv": []},
+        few_shot=200,
+        dev_from_train=None,
+        seed=1,
+    )
     assert list(mnli) == ["train", "valid", "test", "test1"]
 
 
@@ -302,17 +332,34 @@ def sst2(raw: Path, train_extra="", dev="sentence\tlabel\nok\t1\n"):
 BAD = {
     "unknown task": (lambda t: ("SST3", t / "raw", []), "unknown task 'SST3' (valid: SST-2, QNLI, RTE"),
     "missing folder": (lambda t: ("SST-2", t / "nowhere", []), "nowhere: no such folder"),
-    "missing file": (lambda t: ("SST-2", (sst2(t / "raw"), (t / "raw" / "dev.tsv").unlink())[0], []),
-                     "lacks dev.tsv (expected the SST-2 files train.tsv, dev.tsv"),
-    "columns": (lambda t: ("SST-2", sst2(t / "raw", "bad\t0\textra\n"), []), "train.tsv:3: expected 2 columns, found 3"),
-    "label": (lambda t: ("SST-2", sst2(t / "raw", "bad\t2\n"), []), "train.tsv:3: label '2' is not one of the SST-2 labels"),
+    "missing file": (
+        lambda t: ("SST-2", (sst2(t / "raw"), (t / "raw" / "dev.tsv").unlink())[0], []),
+        "lacks dev.tsv (expected the SST-2 files train.tsv, dev.tsv",
+    ),
+    "columns": (
+        lambda t: ("SST-2", sst2(t / "raw", "bad\t0\textra\n"), []),
+        "train.tsv:3: expected 2 columns, found 3",
+    ),
+    "label": (
+        lambda t: ("SST-2", sst2(t / "raw", "bad\t2\n"), []),
+        "train.tsv:3: label '2' is not one of the SST-2 labels",
+    ),
     "header": (lambda t: ("SST-2", sst2(t / "raw", dev="ok\t1\n"), []), "dev.tsv:1: expected the header line"),
     "score": (lambda t: ("STS-B", write_stsb(t / "raw", "high"), []), "train.tsv:2: expected a score between 0 and 5"),
-    "bpe files": (lambda t: ("SST-2", sst2(t / "raw"), ["--bpe-dir", str(bpe_only_encoder(t))]), "lacks vocab.bpe, dict.txt"),
+    "bpe files": (
+        lambda t: ("SST-2", sst2(t / "raw"), ["--bpe-dir", str(bpe_only_encoder(t))]),
+        "lacks vocab.bpe, dict.txt",
+    ),
     "no bpe dir": (lambda t: ("SST-2", sst2(t / "raw"), ["--bpe", "gpt2"]), "--bpe gpt2 needs --bpe-dir"),
     "no vocab": (lambda t: ("SST-2", sst2(t / "raw"), ["--bpe", "wordpiece"]), "--bpe wordpiece needs --vocab"),
-    "few-shot": (lambda t: ("SST-2", sst2(t / "raw"), ["--few-shot", "5"]), "--few-shot 5: train.tsv has 1 rows and the 1,000-example dev set is sampled from train too"),
-    "strict": (lambda t: ("SST-2", sst2(t / "raw"), ["--strict-sizes"]), "train.tsv has 1 rows, the official SST-2 file has 67,349"),
+    "few-shot": (
+        lambda t: ("SST-2", sst2(t / "raw"), ["--few-shot", "5"]),
+        "--few-shot 5: train.tsv has 1 rows and the 1,000-example dev set is sampled from train too",
+    ),
+    "strict": (
+        lambda t: ("SST-2", sst2(t / "raw"), ["--strict-sizes"]),
+        "train.tsv has 1 rows, the official SST-2 file has 67,349",
+    ),
 }
 
 
@@ -352,8 +399,12 @@ def test_existing_out_is_not_replaced(tmp_path, run):
 
 
 def test_cli_process_error_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "nope", "--raw", str(tmp_path), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "nope", "--raw", str(tmp_path), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("prepare_data.py: error: unknown task 'nope'")
     assert "Traceback" not in proc.stderr
@@ -368,9 +419,23 @@ def test_task_table_is_complete():
 @pytest.mark.slow
 def test_full_sst2(tmp_path, shared_data, roberta_bpe):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "SST-2", "--raw", str(shared_data / "glue/SST-2"), "--out", str(tmp_path / "bin"),
-         "--bpe", "gpt2", "--bpe-dir", str(roberta_bpe), "--strict-sizes"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "SST-2",
+            "--raw",
+            str(shared_data / "glue/SST-2"),
+            "--out",
+            str(tmp_path / "bin"),
+            "--bpe",
+            "gpt2",
+            "--bpe-dir",
+            str(roberta_bpe),
+            "--strict-sizes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     assert "train.tsv 67,349 rows (official 67,349)" in proc.stdout

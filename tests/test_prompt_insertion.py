@@ -1,17 +1,13 @@
 """Prompt positions 0-4 (IDPG appendix A.4/A.5, Figure 5): the vectorised insertion and the
 prompted encoder equal a hand-built embedded sequence, for pairs and single sentences, with
 padding, for a shared [t, C] prompt and per-example [B, t, C] prompts."""
-import argparse
-import types
-from pathlib import Path
 
 import pytest
 import torch
-from fairseq.data import Dictionary
+from conftest import build_tiny
 
-from fairseq_idpg.conversion.tiny import write_tiny_roberta
-from fairseq_idpg.modules.prompt_insertion import check_position, insert_prompts, insertion_index
-from fairseq_idpg.modules.prompted_encoder import prompted_features
+from fairseq_idpg.modules.prompts.encoder import prompted_features
+from fairseq_idpg.modules.prompts.insertion import check_position, insert_prompts, insertion_index
 
 BOS, PAD, EOS, FILLER = 0, 1, 2, 3
 PAIRS = [([11, 12, 13], [21, 22]), ([14], [23, 24, 25, 26]), ([15, 16], [])]
@@ -69,19 +65,9 @@ def test_insert_prompts_equals_hand_built_sequence(examples, position, per_examp
 
 
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    """A tiny random fairseq RoBERTa encoder (2 layers x 32), in eval mode."""
-    from fairseq.models.roberta import RobertaModel
-
-    folder = Path(write_tiny_roberta(tmp_path_factory.mktemp("ins") / "tiny"))
-    d = Dictionary.load(str(folder / "dict.txt"))
-    d.add_symbol("<mask>")
-    args = argparse.Namespace(arch="roberta", encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64,
-                              encoder_attention_heads=4, max_positions=512)
-    model = RobertaModel.build_model(args, types.SimpleNamespace(source_dictionary=d))
-    state = torch.load(folder / "model.pt", weights_only=False)["model"]
-    model.load_state_dict(state)
-    return model.encoder.sentence_encoder.eval()
+def encoder(tiny):
+    """fairseq's encoder of the tiny random RoBERTa (2 layers x 32, conftest), in eval mode."""
+    return build_tiny(tiny, "roberta_prompt").encoder.sentence_encoder.eval()
 
 
 @pytest.mark.parametrize("examples,position", CASES)

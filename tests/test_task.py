@@ -1,4 +1,5 @@
 """peft_sentence_prediction: truncation that leaves room for inserted tokens."""
+
 import numpy as np
 import pytest
 import torch
@@ -77,9 +78,25 @@ def test_task_reserves_inserted_tokens(tmp_path):
 
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [str(data), "--user-dir", "fairseq_idpg", "--task", "peft_sentence_prediction", "--num-classes", "2",
-         "--criterion", "sentence_prediction", "--arch", "roberta", "--init-token", "0", "--separator-token", "2",
-         "--max-positions", "8"],
+        [
+            str(data),
+            "--user-dir",
+            "fairseq_idpg",
+            "--task",
+            "peft_sentence_prediction",
+            "--num-classes",
+            "2",
+            "--criterion",
+            "sentence_prediction",
+            "--arch",
+            "roberta",
+            "--init-token",
+            "0",
+            "--separator-token",
+            "2",
+            "--max-positions",
+            "8",
+        ],
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)

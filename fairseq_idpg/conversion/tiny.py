@@ -14,18 +14,15 @@ parser, task ``masked_lm``), ``dict.txt`` and the WordPiece ``vocab.txt`` (+
 The weights are fairseq's own initialisation (``init_bert_params``) under ``seed``; the global
 RNG state is left as it was.
 """
+
 import os
 import tempfile
 from typing import Optional
 
-from .hf_to_fairseq import (
-    build_fairseq_roberta,
-    checkpoint_state,
-    standin_source_dir,
-    wordpiece_bpe_args,
-    write_model_folder,
-    write_wordpiece_dict,
-)
+from .convert import write_model_folder
+from .source import standin_source_dir
+from .vocab import wordpiece_bpe_args, write_wordpiece_dict
+from .weights import build_fairseq_roberta, checkpoint_state
 
 
 def write_tiny_roberta(

@@ -6,6 +6,7 @@ builds the real modules (at the paper's model size) and returns rows
 head excluded, fairseq's duplicate fast-path tensors excluded by fairseq_idpg_compat),
 ``paper`` the published figure (int, or a string such as "1.55M" where the paper rounds).
 """
+
 import importlib
 import os
 

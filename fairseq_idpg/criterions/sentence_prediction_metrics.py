@@ -15,6 +15,7 @@ Evaluation means model and criterion both in eval mode, as fairseq-train's valid
 fairseq-validate set them. All scores are x 100; see ``fairseq_idpg/metrics.py`` and
 ``docs/metrics.md``.
 """
+
 import functools
 import pickle
 from dataclasses import dataclass

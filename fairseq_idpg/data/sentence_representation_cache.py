@@ -1,5 +1,6 @@
 """M(x) computed once per example and reused across epochs and runs (IDPG section 3.1: "we can
-cache the prediction M(x)"; SPEC section 1, Decision: the eval-mode M(x) is deterministic).
+cache the prediction M(x)"; computed in eval mode, M(x) is deterministic, so a stored row equals
+a recomputed one).
 
 - ``SentenceRepresentationCache``: N rows of float32 [d] plus a filled flag per row, in memory
   or on disk under ``ROOT/<key>/`` (numpy memmaps ``values.npy``, ``filled.npy`` and a readable
@@ -16,6 +17,7 @@ cache the prediction M(x)"; SPEC section 1, Decision: the eval-mode M(x) is dete
   ``sample["id"]``); the model finds the split's cache by the slot and the rows by the ids, since
   a model only sees ``net_input``.
 """
+
 import hashlib
 import json
 import os
@@ -54,8 +56,13 @@ def dataset_identity(data_dir, split, dataset, **settings):
     if not files:
         raise FileNotFoundError(f"no binarized files for split {split!r} under {data_dir}")
     sizes = np.ascontiguousarray(np.asarray(dataset.sizes, dtype=np.int64))
-    return {"split": split, "files": files, "num_examples": len(dataset),
-            "lengths_sha256": hashlib.sha256(sizes.tobytes()).hexdigest(), **settings}
+    return {
+        "split": split,
+        "files": files,
+        "num_examples": len(dataset),
+        "lengths_sha256": hashlib.sha256(sizes.tobytes()).hexdigest(),
+        **settings,
+    }
 
 
 def cache_key(*parts):
@@ -92,7 +99,9 @@ class SentenceRepresentationCache:
         os.makedirs(root, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".{self.key}.", dir=root)
         try:
-            np.lib.format.open_memmap(os.path.join(staging, "values.npy"), "w+", np.float32, (self.size, self.dim)).flush()
+            np.lib.format.open_memmap(
+                os.path.join(staging, "values.npy"), "w+", np.float32, (self.size, self.dim)
+            ).flush()
             np.lib.format.open_memmap(os.path.join(staging, "filled.npy"), "w+", np.uint8, (self.size,)).flush()
             with open(os.path.join(staging, "key.json"), "w") as f:
                 json.dump(description or {}, f, indent=1, sort_keys=True)

@@ -1,4 +1,5 @@
 """RoBERTa classification inputs, truncated so that a method's inserted tokens still fit."""
+
 import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset

@@ -1,2 +1,3 @@
 """Tokenizers registered with fairseq's ``--bpe`` registry."""
+
 from . import wordpiece  # noqa: F401

@@ -18,6 +18,7 @@ Lower-casing follows ``tokenizer_config.json`` next to the vocabulary when prese
 (``do_lower_case``); otherwise the vocabulary is taken as uncased unless
 ``--wordpiece-cased`` is given.
 """
+
 import json
 import os
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Registered fairseq models and architectures; each module registers itself on import."""
+
 import importlib
 import os
 

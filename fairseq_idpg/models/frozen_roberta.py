@@ -1,9 +1,11 @@
 """RoBERTa with a frozen pretrained backbone: the base of every parameter-efficient model.
 
-SPEC section 0: every backbone parameter (embeddings, embedding LayerNorm, all layers, the
-LM head) is frozen; the classification head and the method's own tensors train. Subclasses
-(``roberta_idpg``, ``roberta_dpt``, ``roberta_inducer``, ...) add their modules in
-``__init__`` after calling ``super().__init__``; whatever they add trains.
+Every backbone parameter (embeddings, embedding LayerNorm, all layers, the LM head) is frozen;
+the classification head and the method's own tensors train (IDPG section 3, DPT section 2,
+inducer-tuning section 5). Subclasses (``prompted_roberta`` and its prompt models,
+``roberta_blocks``) add their modules in ``__init__`` after calling ``super().__init__``;
+whatever they add trains. The task-model protocol (``tasks/model_protocol.py``): no inserted
+tokens unless a subclass says so.
 
 - ``--backbone PATH``: the fairseq RoBERTa checkpoint (``model.pt`` of roberta.large, of the
   stand-in, ...) loaded into the encoder when the model is built. The path is kept in the
@@ -13,16 +15,21 @@ LM head) is frozen; the classification head and the method's own tensors train. 
 - Frozen means absent from the optimizer: fairseq's trainer optimizes only tensors with
   ``requires_grad`` (``Trainer._build_optimizer``), which frozen ones lack.
 - ``--save-trainable-only``: checkpoints hold the trained tensors (method + head) and a
-  fingerprint of the backbone (per-tensor element count and sum of squares, in float64;
-  close under fp16/bf16 rounding, far apart for another backbone). Loading one into a model
-  whose backbone does not match is refused with the reason.
+  fingerprint of the backbone (per-tensor element count and sum of squares of the values
+  rounded to fp16, in float64; close under fp16/bf16 rounding, far apart for another
+  backbone). Loading one into a model whose backbone does not match is refused with the
+  reason. The same fingerprint, rounded to 10 digits and hashed, is ``backbone_digest``: the
+  key of caches computed from the frozen weights (IDPG's M(x)).
 """
+
 import itertools
 import logging
 
 import torch
 from fairseq import checkpoint_utils
 from fairseq.models.roberta import RobertaModel
+
+from fairseq_idpg.data.sentence_representation_cache import cache_key
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +39,8 @@ FINGERPRINT_RTOL = 5e-3  # bf16 rounding moves a sum of squares by ~1e-4; anothe
 
 class FrozenBackboneRobertaModel(RobertaModel):
     """``RobertaModel`` whose original parameters are frozen (see the module docstring)."""
+
+    num_inserted_tokens = 0  # positions the model inserts into each input (tasks/model_protocol.py)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -43,8 +52,16 @@ class FrozenBackboneRobertaModel(RobertaModel):
     def add_args(parser):
         RobertaModel.add_args(parser)
         group = parser.add_argument_group("Frozen backbone")
-        group.add_argument("--backbone", metavar="PATH", help="pretrained fairseq RoBERTa checkpoint loaded into the frozen encoder at build time")
-        group.add_argument("--save-trainable-only", action="store_true", help="checkpoints hold only the trained tensors (+ a backbone fingerprint)")
+        group.add_argument(
+            "--backbone",
+            metavar="PATH",
+            help="pretrained fairseq RoBERTa checkpoint loaded into the frozen encoder at build time",
+        )
+        group.add_argument(
+            "--save-trainable-only",
+            action="store_true",
+            help="checkpoints hold only the trained tensors (+ a backbone fingerprint)",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -91,9 +108,12 @@ class FrozenBackboneRobertaModel(RobertaModel):
         mismatched = sorted(k for k in weights if k in own and weights[k].shape != own[k].shape)
         if missing or unexpected or mismatched:
             problem = (
-                f"{len(missing)} missing (e.g. {missing[0]})" if missing else
-                f"{len(unexpected)} unexpected (e.g. {unexpected[0]})" if unexpected else
-                f"shape of {mismatched[0]}: {tuple(weights[mismatched[0]].shape)} in the file, {tuple(own[mismatched[0]].shape)} in the model"
+                f"{len(missing)} missing (e.g. {missing[0]})"
+                if missing
+                else f"{len(unexpected)} unexpected (e.g. {unexpected[0]})"
+                if unexpected
+                else f"shape of {mismatched[0]}: {tuple(weights[mismatched[0]].shape)} in the file, "
+                f"{tuple(own[mismatched[0]].shape)} in the model"
             )
             raise ValueError(
                 f"--backbone {path}: does not fit this architecture ({problem}); "
@@ -104,14 +124,24 @@ class FrozenBackboneRobertaModel(RobertaModel):
         logger.info(f"loaded frozen backbone from {path}")
 
     # ------------------------------------------------------------------ checkpoints
-    def backbone_fingerprint(self):
+    def _frozen_parameters(self):
         frozen = self.frozen_names()
+        return [(n, p) for n, p in sorted(self.named_parameters()) if n in frozen]
+
+    def backbone_fingerprint(self):
+        """[N, 2] float64: element count and sum of squares (values rounded to fp16, so the fp32
+        and fp16 copies of one backbone agree) of each frozen tensor, in name order."""
         rows = [
-            [float(p.numel()), p.detach().double().pow(2).sum().item()]
-            for n, p in sorted(self.named_parameters())
-            if n in frozen
+            [float(p.numel()), p.detach().half().double().pow(2).sum().item()] for _, p in self._frozen_parameters()
         ]
         return torch.tensor(rows, dtype=torch.float64).reshape(-1, 2)
+
+    def backbone_digest(self):
+        """Hash of the frozen weights for cache keys: names, shapes and the fingerprint's sums to
+        10 significant digits (so summation order does not matter)."""
+        sums = self.backbone_fingerprint()[:, 1].tolist()
+        rows = [[n, list(p.shape), float(f"{s:.10g}")] for (n, p), s in zip(self._frozen_parameters(), sums)]
+        return cache_key(rows)
 
     def state_dict(self, *args, full=False, **kwargs):
         state = super().state_dict(*args, **kwargs)

@@ -9,6 +9,7 @@ shared A). ``rank`` > 0 factorises each B_i as ``s_i t_i`` (s_i: [in/n, rank],
 t_i: [rank, out/n]), Compacter's low-rank PHM. W is formed once per forward with one
 einsum, then one matmul: the cost of a dense layer, with n^3 + in*out/n parameters.
 """
+
 import torch
 import torch.nn as nn
 

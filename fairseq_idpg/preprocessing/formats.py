@@ -5,6 +5,7 @@ row counts. Readers parse and validate a whole file up front and raise ``Prepare
 (one line: file, line number, what was expected, what was found) on anything malformed, so
 that ``prepare`` can refuse bad input before it writes anything.
 """
+
 import csv
 import math
 from dataclasses import dataclass
@@ -126,8 +127,7 @@ class TaskSpec:
                     raise PrepareError(f"{path}:{line}: expected a score between 0 and 5, found {ex.label!r}")
             elif ex.label not in self.labels:
                 raise PrepareError(
-                    f"{path}:{line}: label {ex.label!r} is not one of the {self.name} labels "
-                    f"{', '.join(self.labels)}"
+                    f"{path}:{line}: label {ex.label!r} is not one of the {self.name} labels {', '.join(self.labels)}"
                 )
             examples.append(ex)
         return examples
@@ -155,8 +155,12 @@ TASKS: Dict[str, TaskSpec] = {
         _task("STS-B", GlueTsv((10,), (7, 8), 9, "score"), None, "pearson_and_spearman", (5749, 1500)),
         _task("QQP", GlueTsv((6,), (3, 4), 5, "is_duplicate"), BINARY, "acc_and_f1", (363846, 40430)),
         _task(
-            "MNLI", GlueTsv((12, 16), (8, 9), -1, "gold_label"), MNLI_LABELS, "accuracy",
-            (392702, 9815, 9832), ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"),
+            "MNLI",
+            GlueTsv((12, 16), (8, 9), -1, "gold_label"),
+            MNLI_LABELS,
+            "accuracy",
+            (392702, 9815, 9832),
+            ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"),
         ),
         _task("CoLA", GlueTsv((4,), (3,), 1), BINARY, "mcc", (8551, 1043)),
         _task("MPQA", LmbffCsv(), BINARY, "accuracy", (8606, 2000), LMBFF),

@@ -9,7 +9,7 @@ preprocess into a temporary sibling of ``out`` that is renamed into place at the
     out/label/{split}.{bin,idx}, dict.txt      fixed label order (STS-B: {split}.label = score / 5)
     out/task.json                              num_classes, regression, pair, metric, split sizes
 """
-import json
+
 import logging
 import os
 import shutil
@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..data.task_info import TaskInfo
 from .formats import Example, PrepareError, TaskSpec, get_task
 
 FEW_SHOT_DEV = 1000  # IDPG section 4.4: a 1,000-example dev set sampled from train
@@ -61,36 +62,39 @@ def prepare(
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
         _binarize(spec, splits, tmp, bpe, bpe_dir, vocab, workers)
-        info = {
-            "task": spec.name,
-            "num_classes": spec.num_classes,
-            "regression": spec.regression,
-            "pair": spec.pair,
-            "metric": spec.metric,
-            "splits": {s: len(v) for s, v in splits.items()},
-            "bpe": bpe,
-            "labels": list(spec.labels) if spec.labels else None,
-            "few_shot": few_shot,
-            "dev_from_train": dev_from_train,
-            "seed": seed if few_shot is not None or dev_from_train is not None else None,
-        }
-        (tmp / "task.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        info = TaskInfo(
+            task=spec.name,
+            num_classes=spec.num_classes,
+            regression=spec.regression,
+            pair=spec.pair,
+            metric=spec.metric,
+            splits={s: len(v) for s, v in splits.items()},
+            bpe=bpe,
+            labels=list(spec.labels) if spec.labels else None,
+            few_shot=few_shot,
+            dev_from_train=dev_from_train,
+            seed=seed if few_shot is not None or dev_from_train is not None else None,
+        )
+        info.write(tmp)
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(f"{spec.name}: wrote {out} in {time.time() - start:.1f} s", flush=True)
-    return info
+    return info.to_dict()
 
 
 def read_raw(spec: TaskSpec, raw: Path, strict_sizes: bool = False) -> Dict[str, List[Example]]:
     """File name -> examples for every raw file of the task, all parsed and checked."""
     if not raw.is_dir():
-        raise PrepareError(f"--raw {raw}: no such folder (expected the {spec.name} folder holding {', '.join(spec.files)})")
+        raise PrepareError(
+            f"--raw {raw}: no such folder (expected the {spec.name} folder holding {', '.join(spec.files)})"
+        )
     missing = [name for name in spec.files if not (raw / name).is_file()]
     if missing:
         raise PrepareError(
-            f"--raw {raw} lacks {', '.join(missing)} (expected the {spec.name} files {', '.join(spec.files)} as distributed)"
+            f"--raw {raw} lacks {', '.join(missing)} "
+            f"(expected the {spec.name} files {', '.join(spec.files)} as distributed)"
         )
     data = {}
     for name, official in zip(spec.files, spec.sizes):
@@ -272,7 +276,7 @@ def _preprocess(text: Path, splits, column: str, src_dict: str, destdir: Path, w
     try:
         preprocess.main(args)
     finally:
-        for h in logger.handlers[len(handlers):]:
+        for h in logger.handlers[len(handlers) :]:
             logger.removeHandler(h)
             h.close()
         logger.propagate = propagate

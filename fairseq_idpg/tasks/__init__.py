@@ -1,4 +1,5 @@
 """Tasks of fairseq-idpg; each module registers itself with fairseq on import."""
+
 import importlib
 import os
 

@@ -13,13 +13,16 @@ each loaded split
    key also holds the backbone's digest and the encoder settings;
 2. is wrapped by ``WithSentenceIds``: batches carry ``net_input["sentence_ids"]``.
 
-A model without ``attach_sentence_cache`` (or one that says ``wants_sentence_cache() == False``:
-prompt tuning, P-tuning v2, ``--idpg-cache off``) gets exactly ``peft_sentence_prediction``.
+A model that is not a ``SentenceCacheModel`` (``model_protocol.py``), or one that says
+``wants_sentence_cache() == False`` (``--idpg-cache off``, a trained backbone), gets exactly
+``peft_sentence_prediction``.
 """
+
 from fairseq.tasks import register_task
 
 from fairseq_idpg.data.sentence_representation_cache import WithSentenceIds, dataset_identity
 
+from .model_protocol import SentenceCacheModel
 from .peft_sentence_prediction import PeftSentencePredictionConfig, PeftSentencePredictionTask
 
 
@@ -32,7 +35,7 @@ class IdpgSentencePredictionTask(PeftSentencePredictionTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        if callable(getattr(model, "attach_sentence_cache", None)):
+        if isinstance(model, SentenceCacheModel):
             self._cache_model = model
         return model
 
@@ -43,9 +46,12 @@ class IdpgSentencePredictionTask(PeftSentencePredictionTask):
             return dataset
         slot = self._slots.setdefault(split, len(self._slots))
         identity = dataset_identity(
-            self.cfg.data, split, dataset,
+            self.cfg.data,
+            split,
+            dataset,
             max_tokens=self.cfg.max_positions - self.num_inserted_tokens,
-            init_token=self.cfg.init_token, separator_token=self.cfg.separator_token,
+            init_token=self.cfg.init_token,
+            separator_token=self.cfg.separator_token,
         )
         model.attach_sentence_cache(slot, identity, dataset)
         self.datasets[split] = WithSentenceIds(dataset, slot)

@@ -4,7 +4,7 @@ aware of the tokens a parameter-efficient method inserts into the input.
 Differences from fairseq's ``sentence_prediction`` (everything else is inherited):
 
 - Inputs are always truncated to fit: ``tokens + inserted tokens <= --max-positions``
-  (IDPG / DPT insert t prompt vectors that take ordinary positions, SPEC section 0).
+  (IDPG / DPT insert t prompt vectors that take ordinary positions: IDPG appendix A.4, Figure 5).
   Pairs are truncated longest-first on the texts, so ``<s>``, the separators and the
   final ``</s>`` are always kept (fairseq's ``--shorten-method truncate`` cuts the end of
   the concatenation, final ``</s>`` included, and is ignored here).
@@ -13,9 +13,10 @@ Differences from fairseq's ``sentence_prediction`` (everything else is inherited
   loaded after the model in fairseq-train and fairseq-validate; loading one earlier with
   another budget is an error, not a silent mis-truncation.
 - ``--num-classes`` may be omitted when the data folder has the ``task.json`` written by
-  ``scripts/prepare_data.py``.
+  ``scripts/prepare_data.py``; the task hands that ``TaskInfo`` to the models it builds as
+  ``task.info`` (the task-model protocol: ``tasks/model_protocol.py``).
 """
-import json
+
 import logging
 import os
 from dataclasses import dataclass
@@ -38,7 +39,10 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import open_dict
 
 from fairseq_idpg.data import TruncatedSentencesDataset
-from fairseq_idpg.modules.prompt_insertion import MIN_INPUT_TOKENS
+from fairseq_idpg.data.task_info import TaskInfo
+from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS
+
+from .model_protocol import inserted_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +56,21 @@ class PeftSentencePredictionConfig(SentencePredictionConfig):
 class PeftSentencePredictionTask(SentencePredictionTask):
     def __init__(self, cfg, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
+        self.info = TaskInfo.read(cfg.data) if isinstance(cfg.data, str) and os.path.isdir(cfg.data) else None
+        self.is_pair = self.info.pair if self.info is not None else _pair_from_folders(cfg.data)
         self.num_inserted_tokens = 0
         self._loaded_with = {}  # split -> num_inserted_tokens used for its truncation
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        info_path = os.path.join(cfg.data, "task.json")
-        if cfg.num_classes <= 0 and os.path.exists(info_path):
-            with open(info_path) as f:
-                info = json.load(f)
+        info = TaskInfo.read(cfg.data) if os.path.isdir(cfg.data) else None
+        if cfg.num_classes <= 0 and info is not None:
             with open_dict(cfg):
-                cfg.num_classes = 1 if info.get("regression") else int(info["num_classes"])
+                cfg.num_classes = info.num_outputs
         if cfg.num_classes <= 0:
             raise ValueError(
-                f"--num-classes is required ({info_path} not found; it is written by scripts/prepare_data.py)"
+                f"--num-classes is required ({TaskInfo.path(cfg.data)} not found; "
+                f"it is written by scripts/prepare_data.py)"
             )
         return super().setup_task(cfg, **kwargs)
 
@@ -88,7 +93,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        self.set_num_inserted_tokens(getattr(model, "num_inserted_tokens", 0))
+        self.set_num_inserted_tokens(inserted_tokens(model))
         return model
 
     # ------------------------------------------------------------------ data
@@ -152,7 +157,13 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         bad = next((i for i, r in enumerate(rows) if len(r) != self.cfg.num_classes), None)
         if bad is not None:
             raise ValueError(
-                f"{path}, line {bad + 1}: expected {self.cfg.num_classes} regression value(s), "
-                f"found {len(rows[bad])}"
+                f"{path}, line {bad + 1}: expected {self.cfg.num_classes} regression value(s), found {len(rows[bad])}"
             )
         return RawLabelDataset([[float(x) for x in r] for r in rows])
+
+
+def _pair_from_folders(data):
+    """Data prepared without task.json: pairs have an ``input1/`` beside ``input0/``."""
+    if not isinstance(data, str) or not os.path.isdir(os.path.join(data, "input0")):
+        return None
+    return os.path.isdir(os.path.join(data, "input1"))

@@ -2,7 +2,8 @@
 """Write an offline stand-in for glove.6B.300d.txt, for M-IDPG-PHM-GloVe runs on machines that
 cannot download GloVe (the development machines). It is NOT GloVe:
 
-    python scripts/idpg/standin_glove.py [--model models/minilm-l6-fairseq] [--out models/glove-standin/glove.standin.300d.txt]
+    python scripts/idpg/standin_glove.py [--model models/minilm-l6-fairseq] \
+        [--out models/glove-standin/glove.standin.300d.txt]
 
 Static word vectors, in the GloVe text format: the input embeddings of the stand-in encoder
 (all-MiniLM-L6-v2 converted, docs/standin.md) for every whole-word, alphabetic entry of its
@@ -11,6 +12,7 @@ principal directions (GloVe's 300 dimensions, so the preset keeps n = 4 and d_in
 GloVe, they are context-free word vectors; unlike GloVe, they come from the backbone's own
 embedding table. Real runs use glove.6B.300d.txt (``scripts/download.sh glove``).
 """
+
 import argparse
 import os
 import sys
@@ -23,7 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=str(REPO / "models" / "minilm-l6-fairseq"), help="fairseq folder with model.pt and dict.txt")
+    p.add_argument(
+        "--model", default=str(REPO / "models" / "minilm-l6-fairseq"), help="fairseq folder with model.pt and dict.txt"
+    )
     p.add_argument("--out", default=str(REPO / "models" / "glove-standin" / "glove.standin.300d.txt"))
     p.add_argument("--dim", type=int, default=300)
     opts = p.parse_args(argv)

@@ -1,0 +1,226 @@
+"""``--arch roberta_prompt``: static soft prompts on a frozen RoBERTa: prompt tuning, P-tuning v2,
+decomposed prompt tuning (DPT) with its rank probe, residual prompt tuning and deep DPT.
+
+One prompt P [l, d] (``--prompt-length`` l) is inserted at ``--prompt-position`` (0: right after
+``<s>``; ``prompted_roberta.py`` owns the insertion and the forward pass); with ``--prompt-deep``
+a stack P_0..P_{L-1} [L, l, d] is used in IDPG's P-tuning v2 scheme (IDPG section 4.1, appendix
+A.1.2): P_0 inserted at the input, P_k added to the hidden states at the prompt slots after layer
+k = 1..L-1 (nothing after the last layer). ``--prompt-matrix`` says how P is parameterised
+(``modules/prompts/soft_prompts.py``):
+
+=========== ==================================================  ===================================
+matrix      P                                                   trainable (no head), x L when deep
+=========== ==================================================  ===================================
+full        P itself (prompt tuning, Lester et al. 2021)        l d
+low-rank    A B (DPT Eq. 5), A [l, b], B [b, d]                 l b + b d
+rank-probe  U ReLU(diag(s)) V (DPT Eq. 3), r = min(l, d)        l r + r + r d      (not deep)
+residual    P + LN(W_up ReLU(W_down P)) (bottleneck m = 400)    l d + 2 d m + m + 3 d  (not deep)
+=========== ==================================================  ===================================
+
+Presets (``--prompt-preset``; the name says the length; explicit flags win):
+
+=======================  ==========================  ==========================================
+preset                   matrix, l, deep             source
+=======================  ==========================  ==========================================
+prompt-tuning-5          full, 5                     IDPG Table 1 / appendix A.1.2 (5,120)
+prompt-tuning-134        full, 134                   IDPG Table 1 (137,216)
+p-tuning-v2-5            full, 5, deep               IDPG Table 1 / appendix A.1.2 (122,880)
+prompt-tuning-100        full, 100                   DPT Table 1 (vanilla prompt tuning)
+deep-prompt-tuning-100   full, 100, deep             the export of deep-dpt
+dpt (default)            low-rank b = 10, 100        DPT section 3 (11,240 at d = 1024)
+dpt-rank-probe           rank-probe, 100             DPT section 2.2
+residual-prompt          residual m = 400, 100       DPT Table 1 (Razdaibiedina et al. 2023)
+deep-dpt                 low-rank b = 10, 100, deep  beyond DPT: A_k B_k at every layer
+=======================  ==========================  ==========================================
+
+Every prompt tensor starts U(-0.5, 0.5) (``--prompt-init``, ``--prompt-init-scale``), as the
+authors' DPT code and IDPG's prompt biases do. DPT ran T5 only; on RoBERTa the prompt goes in like
+prompt tuning's. The rank probe logs the number of positive entries of s as ``prompt_rank`` at
+every validation of fairseq-train (``scripts/plot_rank_probe.py`` plots it).
+"""
+
+from fairseq.logging import metrics
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
+
+from fairseq_idpg.models.presets import check_at_least, check_choice
+from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
+from fairseq_idpg.modules.prompts.soft_prompts import INITS, FullPrompt, LowRankPrompt, RankProbePrompt, ResidualPrompt
+
+PRESET = "prompt_preset"
+
+
+def _preset(matrix, length, deep=False):
+    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
+
+
+PRESETS = {
+    "prompt-tuning-5": _preset("full", 5),
+    "prompt-tuning-134": _preset("full", 134),
+    "p-tuning-v2-5": _preset("full", 5, deep=True),
+    "prompt-tuning-100": _preset("full", 100),
+    "deep-prompt-tuning-100": _preset("full", 100, deep=True),
+    "dpt": _preset("low-rank", 100),
+    "dpt-rank-probe": _preset("rank-probe", 100),
+    "residual-prompt": _preset("residual", 100),
+    "deep-dpt": _preset("low-rank", 100, deep=True),
+}
+DEFAULTS = {  # DPT section 3: b = 10; residual prompt tuning's bottleneck 400; U(-0.5, 0.5)
+    "prompt_matrix": "low-rank",
+    "prompt_length": 100,
+    "prompt_deep": False,
+    "prompt_init": "uniform",
+    "prompt_init_scale": 0.5,
+    "dpt_bottleneck": 10,
+    "dpt_probe_s_init": 0.02,
+    "residual_prompt_bottleneck": 400,
+}
+RANK_LOG_KEY = "prompt_rank"
+RANK_LOG_PRIORITY = 30  # printed after loss, accuracy and the GLUE metrics
+
+
+def full_preset(length, deep):
+    """The preset that trains P itself (``--prompt-matrix full``) with this depth, of this length
+    when there is one (an explicit ``--prompt-length`` wins over a preset's either way)."""
+    full = [name for name, p in PRESETS.items() if p["prompt_matrix"] == "full" and p["prompt_deep"] == bool(deep)]
+    return next((name for name in full if PRESETS[name]["prompt_length"] == length), full[-1])
+
+
+# --prompt-matrix -> fn(args, dim, stack) building the block; stack = L for --prompt-deep, else 0
+PROMPT_MATRICES = {
+    "full": lambda a, dim, stack: FullPrompt(
+        a.prompt_length, dim, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
+    ),
+    "low-rank": lambda a, dim, stack: LowRankPrompt(
+        a.prompt_length, dim, a.dpt_bottleneck, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
+    ),
+    "rank-probe": lambda a, dim, stack: RankProbePrompt(
+        a.prompt_length, dim, a.dpt_probe_rank, init=a.prompt_init, scale=a.prompt_init_scale, s_init=a.dpt_probe_s_init
+    ),
+    "residual": lambda a, dim, stack: ResidualPrompt(
+        a.prompt_length, dim, a.residual_prompt_bottleneck, init=a.prompt_init, scale=a.prompt_init_scale
+    ),
+}
+MATRICES = tuple(PROMPT_MATRICES)
+DEEP_MATRICES = ("full", "low-rank")  # the matrices that build a stack of L prompts
+
+
+def build_prompt(args, dim, num_layers):
+    """The prompt module of ``args``: ``forward()`` -> P [l, d], or [L, l, d] with ``--prompt-deep``."""
+    return PROMPT_MATRICES[args.prompt_matrix](args, dim, num_layers if args.prompt_deep else 0)
+
+
+@register_model("roberta_prompt")
+class RobertaPromptModel(PromptedRobertaModel):
+    """Frozen RoBERTa + a static soft prompt (see the module docstring)."""
+
+    PROMPT_LENGTH = "prompt_length"
+    PRESET, PRESETS, DEFAULTS, DEFAULT_PRESET = PRESET, PRESETS, DEFAULTS, "dpt"
+
+    def __init__(self, args, encoder):
+        super().__init__(args, encoder)
+        self.prompt = build_prompt(args, args.encoder_embed_dim, args.encoder_layers)
+        self.deep = bool(args.prompt_deep)
+
+    @staticmethod
+    def add_args(parser):
+        PromptedRobertaModel.add_args(parser)
+        # no argparse defaults: the preset, then DEFAULTS, fill what is not given (configure)
+        group = parser.add_argument_group("Soft prompt")
+        group.add_argument("--prompt-preset", choices=list(PRESETS), help="a paper's configuration (default dpt)")
+        group.add_argument(
+            "--prompt-matrix",
+            choices=list(PROMPT_MATRICES),
+            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe) or P + LN(MLP(P)) (residual)",
+        )
+        group.add_argument("--prompt-length", type=int, metavar="L", help="prompt length l")
+        group.add_argument(
+            "--prompt-deep",
+            action="store_true",
+            default=None,
+            help="a prompt per layer (P-tuning v2): inserted at the input, added at the prompt slots after 1..L-1",
+        )
+        group.add_argument("--prompt-init", choices=INITS, help="uniform(-s, s) (default) or normal(0, s^2)")
+        group.add_argument("--prompt-init-scale", type=float, metavar="S", help="s of --prompt-init (default 0.5)")
+        group = parser.add_argument_group("DPT")
+        group.add_argument("--dpt-bottleneck", type=int, metavar="B", help="rank b of P = A B, below min(l, d) (10)")
+        group.add_argument("--dpt-probe-rank", type=int, metavar="R", help="rank probe: size r of s (min(l, d))")
+        group.add_argument("--dpt-probe-s-init", type=float, metavar="V", help="rank probe: initial s_i > 0 (0.02)")
+        group = parser.add_argument_group("Residual prompt")
+        group.add_argument(
+            "--residual-prompt-bottleneck", type=int, metavar="M", help="bottleneck m of the prompt's MLP (400)"
+        )
+
+    @classmethod
+    def configure(cls, args):
+        super().configure(args)
+        dim = getattr(args, "encoder_embed_dim", None)
+        if getattr(args, "dpt_probe_rank", None) is None and dim:
+            args.dpt_probe_rank = min(args.prompt_length, dim)  # the full rank (DPT: 100 = l)
+
+    @classmethod
+    def check_args(cls, args, task):
+        check_choice(args, "prompt_matrix", MATRICES)
+        check_choice(args, "prompt_init", INITS)
+        matrix, length, dim, num_layers = (
+            args.prompt_matrix,
+            args.prompt_length,
+            args.encoder_embed_dim,
+            args.encoder_layers,
+        )
+        full_rank = min(length, dim)
+        if matrix == "low-rank" and not 1 <= args.dpt_bottleneck < full_rank:
+            raise ValueError(
+                f"--dpt-bottleneck {args.dpt_bottleneck} must be in [1, {full_rank - 1}]: a low-rank prompt needs "
+                f"b < min(--prompt-length {length}, encoder dim {dim}) (--prompt-matrix full trains an unconstrained "
+                f"prompt)"
+            )
+        if matrix == "rank-probe" and not 1 <= args.dpt_probe_rank <= full_rank:
+            raise ValueError(
+                f"--dpt-probe-rank {args.dpt_probe_rank} must be in [1, {full_rank}]: the rank of an "
+                f"l x d prompt is at most min(--prompt-length {length}, encoder dim {dim})"
+            )
+        if matrix == "rank-probe" and not args.dpt_probe_s_init > 0:
+            raise ValueError(
+                f"--dpt-probe-s-init must be > 0 (the probe counts the entries of s that stay positive), "
+                f"got {args.dpt_probe_s_init}"
+            )
+        if matrix == "residual":
+            check_at_least(args, "residual_prompt_bottleneck", 1)
+        if args.prompt_deep and matrix not in DEEP_MATRICES:
+            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(DEEP_MATRICES)}, got {matrix}")
+        if args.prompt_deep and num_layers < 2:
+            raise ValueError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
+        if not args.prompt_init_scale > 0:
+            raise ValueError(f"--prompt-init-scale must be > 0, got {args.prompt_init_scale}")
+
+    # ------------------------------------------------------------------ the prompts
+    def prompts(self, src_tokens, **net_input):
+        """(P_0 [l, d] inserted at the input, ``layer_prompts`` for the deep variants or None)."""
+        P = self.prompt()
+        if not self.deep:
+            return P, None
+        return P[0], lambda layer, x: P[layer]  # P [L, l, d]: P[k] is added after layer k
+
+    def log_prompt_metrics(self):
+        if not self.training and isinstance(self.prompt, RankProbePrompt):
+            # lands in the active validation aggregator of fairseq-train; the value is the same
+            # for every batch of a validation, so the weighted average is that value exactly
+            metrics.log_scalar(RANK_LOG_KEY, self.prompt.num_positive(), weight=1, priority=RANK_LOG_PRIORITY, round=0)
+
+
+@register_model_architecture("roberta_prompt", "roberta_prompt")
+def roberta_prompt_architecture(args):
+    base_architecture(args)  # roberta-base sizes unless the --encoder-* flags say otherwise
+    RobertaPromptModel.configure(args)
+
+
+@register_model_architecture("roberta_prompt", "roberta_prompt_base")
+def roberta_prompt_base_architecture(args):
+    roberta_prompt_architecture(args)
+
+
+@register_model_architecture("roberta_prompt", "roberta_prompt_large")
+def roberta_prompt_large_architecture(args):
+    roberta_large_architecture(args)
+    RobertaPromptModel.configure(args)

@@ -1,0 +1,44 @@
+"""``CompacterAdapter`` (Karimi Mahabadi et al. 2021, in the IDPG paper's configuration, IDPG
+appendix A.1.2): the bottleneck adapter of ``bottleneck.py`` with both projections PHM layers
+(``phm.PHMLinear``, W = sum_i kron(A_i, s_i t_i), low rank 1) and GELU (Compacter's ``gelu_new``).
+
+    f(x) = PHM_up(Dropout(GELU(PHM_down(x))))          [..., d] -> [..., d]
+
+One A set [n, n, n] per adapter, shared by its down- and up-projection: that is what the appendix
+counts (``4^3 x 24 x 2``). Per adapter n^3 + 2 k (d + r) + r + d parameters (k = PHM rank);
+n = 4, r = 16, k = 1, 2 adapters per layer of roberta-large: 48 x 3,184 = 152,832, the IDPG
+Table 2 count. The original Compacter shares one A set across all layers; the IDPG count does
+not, and that count is the target here.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..phm import PHMLinear
+from .bottleneck import check_bottleneck
+
+
+class CompacterAdapter(nn.Module):
+    """``f(x) = PHM_up(GELU(PHM_down(x)))`` with one shared A set; shapes [..., dim] -> [..., dim].
+
+    Init: A ~ N(0, 0.01^2) (Compacter's ``phm_c_init=normal``, ``phm_init_range=0.01``),
+    s_i, t_i Glorot-uniform per Kronecker term (``hypercomplex_nonlinearity=glorot-uniform``),
+    biases 0.
+    """
+
+    def __init__(self, dim, bottleneck, n=4, rank=1, dropout=0.0):
+        super().__init__()
+        check_bottleneck("the adapter bottleneck", bottleneck, dim)
+        self.A = nn.Parameter(torch.empty(n, n, n).normal_(0, 0.01))
+        self.down = PHMLinear(dim, bottleneck, n, shared_A=self.A, rank=rank)
+        self.up = PHMLinear(bottleneck, dim, n, shared_A=self.A, rank=rank)
+        self.dropout = nn.Dropout(dropout)
+        for phm in (self.down, self.up):
+            for factor in (phm.s, phm.t) if rank > 0 else (phm.B,):
+                for term in factor:  # Glorot per Kronecker term (init only, not in forward)
+                    nn.init.xavier_uniform_(term)
+            nn.init.zeros_(phm.bias)
+
+    def forward(self, x):
+        return self.up(self.dropout(F.gelu(self.down(x))))

@@ -1,0 +1,7 @@
+"""Attention-side blocks: what changes a frozen self-attention layer's computation.
+
+- ``prefix.PrefixEncoder``: key/value prefixes of prefix tuning (Li & Liang 2021);
+- ``lora.LoRA``: a low-rank update of W_q / W_v (Hu et al. 2021; inducer-tuning section 4.5);
+- ``inducer.Inducer``: inducer-tuning's per-layer tensors (inducer-tuning sections 4.3-4.4);
+- ``augmented_self_attention.AugmentedSelfAttention``: fairseq's self-attention running any of them.
+"""

@@ -1,0 +1,73 @@
+"""Run RoBERTa's (fairseq's) TransformerEncoder with prompts: the shared forward pass of every
+prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual prompts).
+
+    features, slots = prompted_features(model.encoder.sentence_encoder, src_tokens, prompt,
+                                        position=0, layer_prompts=fn)
+
+- ``prompt`` ([B, t, C] or [t, C]) is inserted into the token embeddings at ``position``
+  (``insertion``) before the learned positions are added; then come fairseq's own
+  embedding LayerNorm and dropout, and its padding mask (0 at the prompt slots).
+- ``layer_prompts(l, x)``, if given, is called after layer l = 1 .. L-1 with that layer's
+  output ``x`` ([B, T+t, C], batch first) and returns P_l ([B, t, C] or [t, C]), which is
+  **added** to the hidden states at the prompt slots: ``x[slots] += P_l`` (the multi-layer
+  scheme of M-IDPG and of the P-tuning v2 baseline, IDPG sections 3.2.2 and 4.1). Nothing is added
+  after the last layer. Returning None skips a layer.
+
+The layer loop is fairseq's (``TransformerEncoder.forward_scriptable``) with the addition in
+between; the inserted prompt lengths are the same for every example, so the addition is one
+gather over the batch (no loop over examples or tokens).
+"""
+
+import torch
+
+from .insertion import insert_prompts, insertion_index
+
+
+def add_at_slots(x, slots, prompt):
+    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``.
+
+    Gather + masked fill, like ``insert_prompts``: a boolean-mask assignment would make CUDA
+    wait for the host once per layer."""
+    bsz, _, dim = x.shape
+    if prompt.dim() == 2:
+        prompt = prompt.unsqueeze(0).expand(bsz, -1, -1)
+    prompt_idx = (slots.cumsum(1) - 1).clamp(0, prompt.size(1) - 1)  # j-th slot of a row -> prompt row j
+    rows = torch.gather(prompt.to(x.dtype), 1, prompt_idx.unsqueeze(-1).expand(-1, -1, dim))
+    return x + rows.masked_fill(~slots.unsqueeze(-1), 0)
+
+
+def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_prompts=None, filler_idx=None):
+    """Final-layer features [B, T+t, C] (batch first) and the prompt ``slots`` [B, T+t].
+
+    Args:
+        sentence_encoder: fairseq ``TransformerEncoder`` (``RobertaModel.encoder.sentence_encoder``).
+        src_tokens: [B, T] right-padded token ids.
+        prompt: [B, t, C] or [t, C], the input-layer prompt (in the embedding space).
+        position: IDPG insertion position 0-4 (``insertion.check_position`` at build time).
+        layer_prompts: optional ``fn(l, x) -> P_l`` (see the module docstring).
+        filler_idx: non-pad id written at the slots (default: ``<unk>`` = padding_idx + 2).
+    """
+    enc = sentence_encoder
+    pad = enc.padding_idx
+    eos = enc.dictionary.eos() if hasattr(enc, "dictionary") else 2
+    filler = pad + 2 if filler_idx is None else filler_idx
+    index = insertion_index(src_tokens, position, pad, eos)
+    tokens, embeddings, slots = insert_prompts(src_tokens, enc.embed_tokens(src_tokens), prompt, index, pad, filler)
+
+    padding_mask = tokens.eq(pad)
+    has_pads = bool(padding_mask.any())
+    x, _ = enc.forward_embedding(tokens, embeddings)  # positions, embedding LayerNorm, dropout
+    if has_pads:
+        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
+    x = x.transpose(0, 1)  # T x B x C
+    num_layers = len(enc.layers)
+    for l, layer in enumerate(enc.layers, start=1):
+        out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
+        x = out[0] if isinstance(out, tuple) else out
+        if layer_prompts is not None and l < num_layers:
+            p = layer_prompts(l, x.transpose(0, 1))
+            if p is not None:
+                x = add_at_slots(x.transpose(0, 1), slots, p).transpose(0, 1)
+    if enc.layer_norm is not None:
+        x = enc.layer_norm(x)
+    return x.transpose(0, 1), slots
