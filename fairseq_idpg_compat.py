@@ -1,4 +1,4 @@
-"""Run fairseq 0.12.2 (its last release) on Python 3.11+ and torch >= 2.6.
+"""Run fairseq 0.12.2 (its last release) on Python 3.11 and 3.12 and torch >= 2.4.
 
 This module is imported at interpreter start by ``fairseq_idpg_compat.pth``, which
 ``pip install`` puts into site-packages next to it, so every process gets the fixes
@@ -43,6 +43,16 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    cannot be summed, e.g. the per-example predictions behind Pearson/Spearman, and by
    multi-worker fairseq-validate) allocates ``torch.cuda.ByteTensor`` buffers, so every
    CPU (gloo) multi-worker run crashes there. On gloo the buffers are CPU tensors.
+
+7. ``hydra_plugin_scan_without_find_module``: Python 3.12 removed the finders'
+   ``find_module`` (deprecated since 3.4); hydra-core 1.0.7, which fairseq pins, scans its
+   plugins with ``pkgutil.walk_packages`` and calls ``importer.find_module(name).load_module(name)``,
+   so anything that builds a fairseq config (``convert_namespace_to_omegaconf``: fairseq-train,
+   fairseq-validate, the hub) fails with "'FileFinder' object has no attribute 'find_module'".
+   hydra's plugin scanner sees a ``pkgutil`` whose packages import through ``importlib``
+   (what ``load_module`` did). Applied only where ``find_module`` is gone, when hydra's module
+   loads and again when fairseq's config code loads (under pytest, whose hydra plugin has pytest
+   import hydra's modules itself, the first never fires).
 
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
@@ -247,6 +257,37 @@ def _patch_distributed_utils(module):
     all_gather_list_on_cpu(module)
 
 
+def hydra_plugin_scan_without_find_module(plugins):
+    """Fix 7 (Python >= 3.12), on ``hydra.core.plugins``; see the module docstring."""
+    import importlib.machinery
+
+    if getattr(plugins, "_fairseq_idpg_compat", False) or hasattr(importlib.machinery.FileFinder, "find_module"):
+        return
+    import pkgutil
+    import types
+
+    class _Loader:
+        def load_module(self, name):
+            return importlib.import_module(name)
+
+    class _Finder:
+        def find_module(self, name, path=None):
+            return _Loader()
+
+    def walk_packages(*args, **kwargs):
+        for info in pkgutil.walk_packages(*args, **kwargs):
+            yield _Finder(), info.name, info.ispkg
+
+    plugins.pkgutil = types.SimpleNamespace(**{**vars(pkgutil), "walk_packages": walk_packages})
+    plugins._fairseq_idpg_compat = True
+
+
+def _patch_loaded_hydra(module):
+    plugins = sys.modules.get("hydra.core.plugins")
+    if plugins is not None:
+        hydra_plugin_scan_without_find_module(plugins)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": torch_load_full_pickle,
@@ -254,6 +295,8 @@ _POST_IMPORT = {
     "fairseq.options": bf16_without_tpu,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.validate": validate_defaults_from_checkpoint,
+    "hydra.core.plugins": hydra_plugin_scan_without_find_module,
+    "fairseq.dataclass.utils": _patch_loaded_hydra,
 }
 
 

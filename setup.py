@@ -41,9 +41,12 @@ setup(
     description="Instance-dependent prompt generation, decomposed prompt tuning and inducer-tuning for fairseq RoBERTa",
     packages=find_packages(include=["fairseq_idpg", "fairseq_idpg.*"]),
     py_modules=["fairseq_idpg_compat"],
-    python_requires=">=3.8",
+    # tested: Python 3.11 with torch 2.13 (CI), Python 3.12 with torch 2.13 (scripts/test_python.sh);
+    # fairseq_idpg_compat makes fairseq 0.12.2 run there (docs in that module)
+    python_requires=">=3.8,<3.13",
+    classifiers=["Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.12"],
     install_requires=[
-        "torch>=2.1",  # scaled_dot_product_attention(scale=), torch.device as a context manager
+        "torch>=2.4",  # the oldest release the compatibility fixes and tests are written for
         "numpy",
         "scipy",
         "sentencepiece",

@@ -1,10 +1,14 @@
 """Run fairseq-train on N devices keeping the papers' effective batch.
 
     python -m fairseq_idpg.launch --nproc 4 --total-batch 32 --batch-size 8 -- DATA --user-dir fairseq_idpg ...
+    python -m fairseq_idpg.launch --total-batch 32 --update-freq 4 -- ...    # 8 per device, 4 accumulated
 
-``--update-freq`` is computed so that ``nproc * batch_size * update_freq == total_batch``
-(the batch the paper used), so a run on 1, 2 or 8 GPUs follows the same optimisation path
-(exactly so without dropout; dropout masks differ per worker). One process runs
+``--update-freq`` (gradient accumulation) and the per-device ``--batch-size`` are completed so
+that ``nproc * batch_size * update_freq == total_batch`` (the batch the paper used): give either,
+or neither (``batch_size = total_batch / nproc``). A run on 1, 2 or 8 GPUs, or on a small GPU
+that accumulates, follows the same optimisation path (exactly so without dropout; dropout masks
+differ per worker). ``--max-tokens`` among the fairseq-train flags caps a batch's tokens too: a
+batch then holds at most ``batch_size`` sentences, so an update at most ``total_batch``. One process runs
 ``fairseq_cli.train`` directly; several run under torchrun (``torch.distributed.run``),
 which fairseq detects through the environment (``--distributed-init-method env://``).
 On CUDA the backend is NCCL with PyTorch DDP; without a GPU (or with ``--cpu``) it is gloo
@@ -15,7 +19,6 @@ with fairseq's ``legacy_ddp`` (PyTorch DDP on CPU refuses fairseq's ``device_ids
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 
 
@@ -27,6 +30,31 @@ def update_freq_for(total_batch, nproc, batch_size):
             f"{nproc} x {batch_size} = {per_update}; choose them so that their product divides {total_batch}"
         )
     return total_batch // per_update
+
+
+def layout(total_batch, nproc=1, batch_size=None, update_freq=None):
+    """(per-device batch, update freq) with ``nproc * batch * freq == total_batch``; ValueError naming
+    the flag when that cannot hold."""
+    for flag, value in (("--total-batch", total_batch), ("--nproc", nproc)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    for flag, value in (("--batch-size", batch_size), ("--update-freq", update_freq)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if batch_size is None:
+        freq = 1 if update_freq is None else update_freq
+        if total_batch % (nproc * freq):
+            raise ValueError(
+                f"--total-batch {total_batch} is not a multiple of --nproc x --update-freq = {nproc} x {freq}"
+            )
+        return total_batch // (nproc * freq), freq
+    freq = update_freq_for(total_batch, nproc, batch_size)
+    if update_freq is not None and update_freq != freq:
+        raise ValueError(
+            f"--nproc {nproc} x --batch-size {batch_size} x --update-freq {update_freq} = "
+            f"{nproc * batch_size * update_freq}, not --total-batch {total_batch}"
+        )
+    return batch_size, freq
 
 
 def _has_flag(argv, flag):
@@ -84,7 +112,15 @@ def main(argv=None):
         "--nproc", type=int, default=int(os.environ.get("NPROC", 1)), help="devices (processes); default $NPROC or 1"
     )
     parser.add_argument("--total-batch", type=int, required=True, help="effective batch per update (the paper's)")
-    parser.add_argument("--batch-size", type=int, default=None, help="per-device batch (default: total / nproc)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="per-device batch (default: total / (nproc x update-freq))"
+    )
+    parser.add_argument(
+        "--update-freq",
+        type=int,
+        default=None,
+        help="batches accumulated per update (default: total / (nproc x batch-size))",
+    )
     parser.add_argument("--cpu", action="store_true", help="force CPU (gloo) even if CUDA is available")
     parser.add_argument(
         "--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)"
@@ -93,8 +129,8 @@ def main(argv=None):
     opts = parser.parse_args(ours)
     if not train_args:
         parser.error("give the fairseq-train arguments after --")
-    batch_size = opts.batch_size or max(1, opts.total_batch // opts.nproc)
     try:
+        batch_size, _ = layout(opts.total_batch, opts.nproc, opts.batch_size, opts.update_freq)
         cmd = build_command(
             train_args, opts.nproc, opts.total_batch, batch_size, cpu=opts.cpu or None, master_port=opts.master_port
         )
@@ -103,7 +139,8 @@ def main(argv=None):
     print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     if opts.dry_run:
         return 0
-    return subprocess.call(cmd)
+    # become fairseq-train (or torchrun): a signal to this process (Ctrl-C, kill from run.sh) reaches training
+    os.execv(cmd[0], cmd)
 
 
 if __name__ == "__main__":

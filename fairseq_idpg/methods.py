@@ -282,7 +282,7 @@ _BLOCK_METHODS = (
     (
         "prefix-tuning",
         INDUCER_RECIPE,
-        "prefix tuning, l = 32, MLP-reparameterised, stored compact",
+        "prefix tuning, l = 32, MLP-reparameterised (export stores the prefixes)",
         "Li & Liang 2021; inducer-tuning baseline",
     ),
     ("lora", INDUCER_RECIPE, "LoRA on W_q and W_v, r = 16, alpha = 32", "Hu et al. 2021; inducer-tuning baseline"),

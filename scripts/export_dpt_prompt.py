@@ -2,7 +2,7 @@
 """Export the trained prompt of a ``roberta_prompt`` checkpoint as one l x d matrix (DPT section 3.2:
 "after the training is completed, we can store the product of A and B for inference").
 
-    python scripts/export_dpt_prompt.py checkpoints/standin/RTE/dpt/checkpoint_best.pt \
+    python scripts/export_dpt_prompt.py checkpoints/standin/RTE/dpt/<run>/checkpoint_best.pt \
         [--out OUT.pt] [--matrix P.pt] [--check]
 
 The exported checkpoint is the same model in its plain prompt-tuning configuration

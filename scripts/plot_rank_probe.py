@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot the rank probe over training from a fairseq-train log, like DPT's Figure 3.
 
-    python scripts/plot_rank_probe.py checkpoints/standin/SST-2/dpt-rank-probe/train.log \
+    python scripts/plot_rank_probe.py checkpoints/standin/SST-2/dpt-rank-probe/<run>/train.log \
         --out docs/img/rank_probe.png [--title TEXT]
 
 Reads every ``valid on 'valid' subset`` line (``prompt_rank`` = number of positive entries of s

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prepare one task for fairseq's sentence_prediction: read the raw files as distributed,
-BPE-encode, binarize into OUT/input0, OUT/input1 (pairs), OUT/label and write OUT/task.json.
+BPE-encode, binarize into OUT/input0, OUT/input1 (pairs), OUT/label and write OUT/task.json
+(with its provenance: the raw folder, the sha256 of each raw file and BPE file, the sampling).
 
     python scripts/prepare_data.py SST-2 --raw data/glue/SST-2 --out data-bin/SST-2 \\
         --bpe gpt2 --bpe-dir data/roberta_bpe
@@ -29,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of --few-shot / --dev-from-train (default 1)")
     parser.add_argument("--workers", type=int, help="parallel processes (default: min(4, CPU count))")
     parser.add_argument("--strict-sizes", action="store_true", help="row counts other than the official: error")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out that holds prepared data")
     args = parser.parse_args(argv)
     try:
         prepare(

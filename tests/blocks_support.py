@@ -17,7 +17,10 @@ def logits(model, tokens=TOKENS):
 
 def run_main_job(work_dir, method, task="RTE"):
     """``scripts/run.sh`` (prepare -> fairseq-train -> fairseq-validate), 5 updates on the offline
-    stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa); returns its save folder and results."""
+    stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa); returns the run's folder
+    (``checkpoints/standin/<task>/<method>/lr<lr>.seed1.<hash>``) and its results.json."""
+    from fairseq_idpg.run import find_runs
+
     cmd = [
         "bash",
         str(REPO / "scripts" / "run.sh"),
@@ -35,5 +38,5 @@ def run_main_job(work_dir, method, task="RTE"):
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    save = Path(work_dir) / "checkpoints" / "standin" / task / method
+    (save,) = find_runs(work_dir, "standin", task, method)
     return save, json.loads((save / "results.json").read_text())

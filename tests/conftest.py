@@ -10,12 +10,19 @@
 the meta device, so a model is built the same way in tests, counts, benchmarks and fairseq-train.
 """
 
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared next to the checkout (CI has it too)
+
+# Scripts and console entry points started by the tests run on this interpreter (the scripts read
+# $PYTHON; fairseq-validate & co. are found beside it), not on whatever python3 is first on PATH.
+os.environ["PYTHON"] = sys.executable
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,10 @@ def test_dataclass_fix_is_limited_to_fairseq():
             inner: Inner = Inner()
 
 
+def _torch_version():
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def test_checkpoint_with_namespace_loads(tmp_path):
     """An old-style checkpoint (argparse.Namespace + numpy scalars, as roberta.large.tar.gz holds)."""
     import numpy as np
@@ -81,9 +85,10 @@ def test_checkpoint_with_namespace_loads(tmp_path):
         },
         path,
     )
-    # torch's own default is untouched (weights_only=True refuses the Namespace) ...
-    with pytest.raises(Exception, match="(?i)weights.only"):
-        torch.load(path)
+    # torch's own default is untouched: from torch 2.6 on (weights_only=True) it refuses the Namespace ...
+    if _torch_version() >= (2, 6):
+        with pytest.raises(Exception, match="(?i)weights.only"):
+            torch.load(path)
     # ... but fairseq's checkpoint loading reads it
     state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     assert state["cfg"].model.arch == "roberta_base"
@@ -162,3 +167,35 @@ def test_all_gather_list_works_on_gloo_cpu(tmp_path):
         gathered = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         assert [g["rank"] for g in gathered] == [0, 1]
         assert torch.equal(gathered[1]["rows"], torch.ones(3, 2))
+
+
+HYDRA_SCAN = """
+import importlib.machinery
+import sys
+if hasattr(importlib.machinery.FileFinder, "find_module"):
+    del importlib.machinery.FileFinder.find_module  # as Python 3.12 removed it
+ours = [f for f in sys.meta_path if type(f).__name__ == "_PostImportFinder"]
+sys.meta_path[:] = [f for f in sys.meta_path if f not in ours]
+import hydra.core.plugins  # loaded past the hook, as pytest's hydra plugin does
+if not {without_fix}:
+    sys.meta_path[:0] = ours
+    import fairseq.dataclass.utils  # noqa: F401  (fairseq's config code: the second chance)
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigSource
+print(sorted(s.__name__ for s in Plugins.instance().discover(ConfigSource)))
+"""
+
+
+@pytest.mark.parametrize("without_fix", [False, True])
+def test_hydra_plugin_scan_without_find_module(without_fix):
+    """Fix 7: hydra-core 1.0.7 scans plugins with ``find_module``, gone in Python 3.12 (simulated here
+    on any Python by deleting it); with the fix the scan finds hydra's config sources, also when
+    hydra was imported before the hook could see it (pytest's hydra plugin does that)."""
+    out = subprocess.run(
+        [sys.executable, "-c", HYDRA_SCAN.format(without_fix=without_fix)], capture_output=True, text=True
+    )
+    if without_fix:
+        assert out.returncode != 0 and "find_module" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "FileConfigSource" in out.stdout and "StructuredConfigSource" in out.stdout

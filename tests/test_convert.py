@@ -25,9 +25,24 @@ from fairseq_idpg.conversion.verify import USER_DIR, glue_examples, verify
 from fairseq_idpg.conversion.vocab import gpt2_encoder_from_merges, read_merges, roberta_dictionary_symbols
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_transformers = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
-)
+
+
+def _transformers_problem():
+    """Why transformers cannot be compared against here (None: it can): not installed, or a release
+    that refuses this torch (transformers 5 needs torch >= 2.6)."""
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed"
+    try:
+        import transformers
+
+        transformers.RobertaConfig  # noqa: B018  (the lazy import checks the torch version)
+        from transformers import RobertaModel  # noqa: F401
+    except Exception as e:  # ImportError, or its own version check
+        return f"transformers {getattr(transformers, '__version__', '?')} does not load here: {str(e)[:120]}"
+    return None
+
+
+needs_transformers = pytest.mark.skipif(_transformers_problem() is not None, reason=str(_transformers_problem()))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ fairseq RoBERTa format: a 6-layer BERT standing in for roberta.large), and the l
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,11 +36,14 @@ def run(cmd, timeout):
 
 
 def run_main_job(task, work_dir, *args):
+    """scripts/run.sh (fine-tuning); (its output, results.json, the run's folder)."""
+    from fairseq_idpg.run import find_runs
+
     cmd = ["bash", str(REPO / "scripts" / "run.sh"), task, "--work-dir", str(work_dir), *args]
     out = run(cmd, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((work_dir / "checkpoints" / "standin" / task / "finetune" / "results.json").read_text())
-    return out.stdout, results
+    (folder,) = find_runs(work_dir, "standin", task, "finetune")
+    return out.stdout, json.loads((folder / "results.json").read_text()), folder
 
 
 def prepared(task, work_dir):
@@ -70,8 +74,8 @@ def prepared(task, work_dir):
 
 
 def test_sst2_finetuned_standin_reaches_80(work_dir):
-    stdout, results = run_main_job("SST-2", work_dir, "--max-update", "200")
-    accuracy = float(results["results"]["valid"]["accuracy"])
+    stdout, results, _ = run_main_job("SST-2", work_dir, "--max-update", "200")
+    accuracy = results["results"]["valid"]["accuracy"]
     print(f"SST-2 dev accuracy {accuracy} after 200 updates; times {results['timings']}")
     assert accuracy >= 80.0
     assert "valid: " in stdout and "accuracy" in stdout  # the metrics are printed for the user
@@ -83,11 +87,16 @@ def test_sst2_finetuned_standin_reaches_80(work_dir):
 )
 def test_each_task_runs_with_its_metric(work_dir, task, metric):
     extra = ["--max-update", "20", "--total-batch", "16", "--validate-interval-updates", "20"]
-    stdout, results = run_main_job(task, work_dir, *extra)
+    stdout, results, folder = run_main_job(task, work_dir, *extra)
     assert results["metric"] == metric
-    value = float(results["results"]["valid"][metric])
-    assert -100.0 <= value <= 100.0
-    assert f"{metric} " in stdout
+    value = results["results"]["valid"][metric]
+    # the number fairseq-validate printed for checkpoint_best, stored as a number and shown to the user
+    printed = re.findall(rf"valid on 'valid' subset \|.* \| {metric} ([-\d.]+) ", (folder / "validate.log").read_text())
+    assert isinstance(value, (int, float)) and printed and value == float(printed[-1]) == results["score"]
+    assert f"{metric} {value}" in stdout
+    # and the one fairseq-train's (only) validation printed: checkpoint_best is the model that was scored
+    trained = re.findall(rf"valid on 'valid' subset \|.* \| {metric} ([-\d.]+) ", (folder / "train.log").read_text())
+    assert len(trained) == 1 and float(trained[0]) == value
 
 
 def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):

@@ -1,16 +1,19 @@
-"""The frozen-backbone base of every method: freezing, optimizer, compact checkpoints."""
+"""The frozen-backbone base of every method: freezing, optimizer, compact checkpoints that resume,
+the backbone's location and the one-line errors of a missing or wrong one."""
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from checkpoint_support import resume_matches_uninterrupted
 from fairseq.data import Dictionary
 
 from fairseq_idpg.conversion.tiny import write_tiny_roberta
 from fairseq_idpg.models.build import stub_task
-from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, FrozenBackboneRobertaModel
+from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, RELOCATE, FrozenBackboneRobertaModel
 
 
 class WithExtraVector(FrozenBackboneRobertaModel):
@@ -31,7 +34,7 @@ def tiny(tiny_backbones):
     return tiny_backbones(seed=0).folder, tiny_backbones(seed=1).folder
 
 
-def build(backbone, save_trainable_only=True):
+def build(backbone, save_trainable_only=True, backbone_file=None):
     """The minimal method on a backbone folder, built as fairseq-train builds a model."""
     d = Dictionary.load(str(backbone / "dict.txt"))
     d.add_symbol("<mask>")
@@ -42,7 +45,7 @@ def build(backbone, save_trainable_only=True):
         encoder_ffn_embed_dim=64,
         encoder_attention_heads=4,
         max_positions=512,
-        backbone=str(backbone / "model.pt"),
+        backbone=str(backbone_file or backbone / "model.pt"),
         save_trainable_only=save_trainable_only,
     )
     model = WithExtraVector.build_model(args, stub_task(d))
@@ -85,8 +88,10 @@ def test_compact_checkpoint_roundtrip_and_wrong_backbone(tiny):
     assert torch.equal(model(tokens)[0], same(tokens)[0])
 
     other = build(tiny[1])  # same shapes, other weights
-    with pytest.raises(RuntimeError, match="trained on another backbone"):
+    with pytest.raises(RuntimeError, match="trained on another backbone") as error:
         other.load_state_dict(state)
+    message = str(error.value)  # one line: the backbone given and how to give the right one
+    assert "\n" not in message and str(tiny[1] / "model.pt") in message and message.endswith(RELOCATE)
 
 
 def test_full_pretrained_checkpoint_fills_method_tensors(tiny):
@@ -104,3 +109,67 @@ def test_backbone_of_another_size_is_a_clear_error(tiny, tmp_path):
     bigger = write_tiny_roberta(tmp_path / "big", dim=64, ffn=128)
     with pytest.raises(ValueError, match="does not fit this architecture .*shape of"):
         build(Path(bigger))
+
+
+def test_relocation_hint_names_every_entry_point():
+    assert "--model-overrides \"{'backbone': 'PATH'}\" (fairseq-validate)" in RELOCATE
+    assert "backbone='PATH' (RobertaModel.from_pretrained)" in RELOCATE and "--backbone PATH" in RELOCATE
+
+
+def _truncated(folder, tiny):
+    data = (tiny / "model.pt").read_bytes()
+    (folder / "truncated.pt").write_bytes(data[: len(data) // 2])
+    return folder / "truncated.pt"
+
+
+@pytest.mark.parametrize(
+    "make,error,reason",
+    [
+        (lambda folder, tiny: folder / "moved" / "model.pt", FileNotFoundError, "no such file"),
+        (lambda folder, tiny: folder, ValueError, "is a folder, not a fairseq checkpoint file"),
+        (lambda folder, tiny: tiny, ValueError, r"is a folder, .*; did you mean .*model\.pt\?"),
+        (
+            lambda folder, tiny: (folder / "notes.txt", (folder / "notes.txt").write_text("hello\n"))[0],
+            ValueError,
+            r"not a fairseq checkpoint \(torch\.load: ",
+        ),
+        (
+            lambda folder, tiny: (folder / "plain.pt", torch.save({"weight": torch.ones(2)}, folder / "plain.pt"))[0],
+            ValueError,
+            r"not a fairseq checkpoint \(it holds a dict of weight, no 'model' weights\)",
+        ),
+        (_truncated, ValueError, r"not a fairseq checkpoint \(torch\.load: "),
+    ],
+    ids=["missing", "folder", "folder-with-model-pt", "text-file", "plain-torch-dict", "truncated"],
+)
+def test_bad_backbone_fails_with_one_line_naming_the_flag_and_the_file(tiny, tmp_path, make, error, reason):
+    path = make(tmp_path, tiny[0])
+    with pytest.raises(error) as raised:
+        build(tiny[0], backbone_file=path)
+    message = str(raised.value)
+    assert "\n" not in message, message
+    assert re.match(f"--backbone {re.escape(str(path))}: {reason}", message), message
+    if "did you mean" not in message:
+        assert message.endswith(RELOCATE)
+    # no "During handling of the above exception" tail of an unpickling or zip error
+    assert raised.value.__context__ is None or raised.value.__suppress_context__
+
+
+def test_backbone_of_another_size_names_the_relocation_too(tiny, tmp_path):
+    bigger = write_tiny_roberta(tmp_path / "big", dim=64, ffn=128)
+    with pytest.raises(ValueError, match="does not fit this architecture") as raised:
+        build(Path(bigger))
+    assert str(raised.value).endswith(RELOCATE) and "\n" not in str(raised.value)
+
+
+def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path):
+    def build_seeded(seed):
+        torch.manual_seed(seed)
+        model = build(tiny[0])
+        nn.init.normal_(model.extra)  # the zero init is the same for every seed
+        return model
+
+    state = resume_matches_uninterrupted(build_seeded, tmp_path / "checkpoint_last.pt")
+    assert set(state) == {"extra", FINGERPRINT_KEY} | {
+        f"classification_heads.head.{n}" for n, _ in build(tiny[0]).classification_heads["head"].named_parameters()
+    }

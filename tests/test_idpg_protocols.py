@@ -1,6 +1,7 @@
 """IDPG training protocols (scripts/idpg/): the released schedules, the commands they run, MNLI
 doubled by swapping the sentences, and the stage-1 backbone export of supplementary training."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -45,15 +46,36 @@ def test_full_and_few_shot_commands():
     assert all(c.endswith("--idpg-hidden 32") for c in full)
     assert len({c.split("--work-dir ")[1].split()[0] for c in full}) == 4  # one folder per run
     few = dry_run("few_shot.sh", "SST-2", "--k", "100,1000", "--seeds", "3")
-    prepares = [c for c in few if "prepare_data.py" in c]
-    assert [c.split("--few-shot ")[1].split()[:3] for c in prepares] == [
-        ["100", "--seed", "3"],
-        ["1000", "--seed", "3"],
-    ]
     runs = [c for c in few if "run.sh" in c]
+    # run.sh samples (and records in task.json) K train examples and the dev set with the seed
+    assert [c.split("--few-shot ")[1].split()[:3] for c in runs] == [
+        ["100", "--data-seed", "3"],
+        ["1000", "--data-seed", "3"],
+    ]
     assert all("--lr 0.0005" in c and "--total-batch 16" in c and "--max-epoch 50" in c for c in runs)
     assert ["--max-update 350" in runs[0], "--max-update 3150" in runs[1]] == [True, True]
-    assert sum("--valid-subset test " in c for c in few) == 2  # scored on the official dev set
+    scored = [c for c in few if c.startswith("fairseq-validate")]
+    assert all("--valid-subset test " in c for c in scored)  # scored on the official dev set
+    work = REPO / "checkpoints" / "idpg-protocols" / "few-shot"
+    assert [c.split()[1] for c in scored] == [
+        str(work / f"SST-2-K{k}-seed3" / "data-bin" / "standin" / f"SST-2.few-shot{k}.seed3") for k in (100, 1000)
+    ]
+
+
+def test_results_of_a_run_found_by_its_configuration(tmp_path, monkeypatch):
+    """run.sh's folder of each configuration holds config.json: the protocol reads the run it asked for."""
+    opts = argparse.Namespace(model="standin", method="m-idpg-phm", dry_run=False, work_dir=str(tmp_path))
+    runner = protocols.Runner(opts, [])
+    monkeypatch.setattr(runner, "call", lambda cmd: None)
+    root = tmp_path / "checkpoints" / "standin" / "RTE" / "m-idpg-phm"
+    for name, lr, seed, score in (("lr5e-3.seed1.aaaa0000", 5e-3, 1, 60.0), ("lr1e-4.seed2.bbbb0000", 1e-4, 2, 55.5)):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text(json.dumps({"lr": lr, "seed": seed}))
+        (root / name / "results.json").write_text(json.dumps({"metric": "accuracy", "score": score}))
+    results, folder = runner.main_job("RTE", tmp_path, 1e-4, 2, 16, 100, 50)
+    assert folder == root / "lr1e-4.seed2.bbbb0000" and results["score"] == 55.5
+    with pytest.raises(protocols.RunError, match="no results.json of RTE m-idpg-phm lr 0.001 seed 1"):
+        runner.main_job("RTE", tmp_path, 1e-3, 1, 16, 100, 50)
 
 
 def test_supplementary_commands():

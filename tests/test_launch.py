@@ -1,8 +1,10 @@
 """The multi-device launcher keeps the effective batch."""
 
+import re
+
 import pytest
 
-from fairseq_idpg.launch import build_command, update_freq_for
+from fairseq_idpg.launch import build_command, layout, main, update_freq_for
 
 
 @pytest.mark.parametrize("nproc,batch,freq", [(1, 32, 1), (1, 8, 4), (2, 8, 2), (4, 8, 1)])
@@ -36,3 +38,38 @@ def test_cpu_multi_worker_uses_torchrun_gloo_legacy_ddp():
 def test_launcher_owns_batch_flags():
     with pytest.raises(ValueError, match="--update-freq is set by the launcher"):
         build_command(["data", "--update-freq", "2"], nproc=1, total_batch=8, batch_size=8, cpu=True)
+
+
+@pytest.mark.parametrize(
+    "nproc,batch_size,update_freq,expected",
+    [(1, None, None, (32, 1)), (1, 8, None, (8, 4)), (1, None, 4, (8, 4)), (2, None, 4, (4, 4)), (2, 4, 4, (4, 4))],
+)
+def test_layout_completes_batch_size_or_update_freq(nproc, batch_size, update_freq, expected):
+    assert layout(32, nproc, batch_size, update_freq) == expected
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((32, 1, 8, 2), "--nproc 1 x --batch-size 8 x --update-freq 2 = 16, not --total-batch 32"),
+        ((32, 1, None, 3), "--total-batch 32 is not a multiple of --nproc x --update-freq = 1 x 3"),
+        ((32, 0), "--nproc must be >= 1, got 0"),
+        ((0, 1), "--total-batch must be >= 1, got 0"),
+        ((32, 1, 0), "--batch-size must be >= 1, got 0"),
+        ((32, 1, None, -1), "--update-freq must be >= 1, got -1"),
+    ],
+)
+def test_layout_errors_name_the_flag(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        layout(*args)
+
+
+def test_launcher_accumulates_on_a_small_device(capsys):
+    """--update-freq alone: the per-device batch follows (32 = 8 x 4), --max-tokens passes through."""
+    assert (
+        main(["--total-batch", "32", "--update-freq", "4", "--cpu", "--dry-run", "--", "data", "--max-tokens", "999"])
+        == 0
+    )
+    cmd = capsys.readouterr().out.split()
+    assert cmd[cmd.index("--batch-size") + 1] == "8" and cmd[cmd.index("--update-freq") + 1] == "4"
+    assert cmd[cmd.index("--max-tokens") + 1] == "999"

@@ -1,16 +1,26 @@
 """Prefix tuning (Li & Liang 2021, He et al. 2021's form): attention over [P_k; K] / [P_v; V], the
-reparameterisation and its per-layer slices, trained through the MLP, saved compact without it."""
+reparameterisation and its per-layer slices, trained through the MLP; training checkpoints keep the
+MLP (resumable), exported ones hold the 2 L l d prefixes."""
 
-import copy
+import argparse
 import math
 
 import pytest
 import torch
 from blocks_support import logits, run_main_job
-from conftest import build_tiny
+from checkpoint_support import (
+    HEAD,
+    assert_compact_and_resumable,
+    assert_hub_agrees_with_validation,
+    fairseq_adam,
+    hub,
+    resume_matches_uninterrupted,
+)
+from conftest import SHARED, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from fairseq_idpg.models.roberta_blocks import PREFIX_KEY
+from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, export_checkpoint
+from fairseq_idpg.models.roberta_blocks import PREFIX_KEY, RobertaBlocksModel
 from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
 from fairseq_idpg.modules.attention.prefix import PrefixEncoder
 
@@ -56,7 +66,7 @@ def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():
         assert torch.allclose(out[:, b], attention.out_proj(torch.cat(heads, dim=-1)), atol=1e-12)
 
 
-def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
+def test_trained_through_the_mlp_saved_with_it_and_exported_without_it(tiny):
     model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True)
     logits(model).sum().backward()
     mlp = model.prefix_encoder
@@ -65,26 +75,56 @@ def test_trained_through_the_mlp_and_saved_compact_without_it(tiny):
 
     model.eval()
     expected = logits(model)
-    state = model.state_dict()
-    assert state[PREFIX_KEY].shape == (2, 2, 32, 32)  # [L, 2, l, d]
-    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in state)
-    assert not any(k.startswith("encoder.") for k in state)  # --save-trainable-only: no backbone either
+    state = model.state_dict()  # what fairseq-train saves: the training form, so that a run resumes
+    assert "prefix_encoder.output.weight" in state and PREFIX_KEY not in state
+    assert not any(k.startswith("encoder.") for k in state)  # --save-trainable-only: no backbone
 
+    stored = RobertaBlocksModel.stored_state_dict(state)  # what an exported checkpoint holds
+    assert stored[PREFIX_KEY].shape == (2, 2, 32, 32)  # [L, 2, l, d]
+    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in stored)
+    assert torch.allclose(stored[PREFIX_KEY], model.prefix_encoder.prefixes(), atol=1e-6)
     fresh = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True).eval()
-    fresh.load_state_dict(state)
+    fresh.load_state_dict(stored)
     assert fresh.prefix_encoder.stored and fresh.num_trainable_parameters() == 2 * 2 * 32 * 32
     assert torch.allclose(logits(fresh), expected, atol=1e-6)
     assert PREFIX_KEY in fresh.state_dict()  # a stored model saves the same compact form again
 
+    fresh = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True).eval()
+    fresh.load_state_dict(state)  # a training checkpoint: the MLP again
+    assert not fresh.prefix_encoder.stored and torch.equal(logits(fresh), expected)
 
-def test_prefix_save_mlp_keeps_resumable_checkpoints(tiny):
-    model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", prefix_save_mlp=True)
-    state = model.state_dict()
-    assert PREFIX_KEY not in state and "prefix_encoder.output.weight" in state
-    fresh = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", prefix_save_mlp=True)
-    fresh.load_state_dict(copy.deepcopy(state))
-    assert not fresh.prefix_encoder.stored
-    assert torch.equal(fresh.prefix_encoder.prefixes(), model.prefix_encoder.prefixes())
+
+@pytest.mark.parametrize("preset", ["prefix-tuning", "mam-adapter"])
+def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
+    """Saved compact after 3 steps, loaded into a fresh model with fairseq's Adam and scheduler
+    state: 3 more steps give the tensors of 6 uninterrupted steps, bit for bit."""
+
+    def build(seed):
+        torch.manual_seed(seed)
+        return build_tiny(tiny, "roberta_blocks", blocks_preset=preset, save_trainable_only=True)
+
+    state = resume_matches_uninterrupted(build, tmp_path / "checkpoint_last.pt")
+    model = build(0)
+    assert "prefix_encoder.output.weight" in state and not set(state) & model.frozen_names()
+
+    # the stored form has other trainable tensors: fairseq's optimizer state does not fit them
+    # (why training checkpoints keep the MLP; an exported checkpoint resumes with --reset-optimizer)
+    model.load_state_dict(RobertaBlocksModel.stored_state_dict(state))
+    saved = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["last_optimizer_state"]
+    with pytest.raises(ValueError, match="size of optimizer's group"):
+        fairseq_adam(model)[0].load_state_dict(saved)
+
+
+def test_export_checkpoint_writes_the_stored_form_without_optimizer_state(tiny, tmp_path):
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="prefix-tuning", save_trainable_only=True).eval()
+    cfg = {"model": argparse.Namespace(arch="roberta_blocks", _name="roberta_blocks"), "task": {}}
+    torch.save({"cfg": cfg, "model": model.state_dict(), "last_optimizer_state": {"state": {}}}, tmp_path / "a.pt")
+    values = export_checkpoint(tmp_path / "a.pt", tmp_path / "b.pt")
+    exported = torch.load(tmp_path / "b.pt", weights_only=False)
+    assert exported["last_optimizer_state"] is None and exported["cfg"]["model"].arch == "roberta_blocks"
+    head = sum(p.numel() for p in model.classification_heads.parameters())
+    assert values == 2 * 2 * 32 * 32 + head and FINGERPRINT_KEY in exported["model"]
+    assert torch.allclose(exported["model"][PREFIX_KEY], model.prefix_encoder.prefixes())
 
 
 def test_prefixes_change_outputs_and_bad_length_fails(tiny):
@@ -99,7 +139,21 @@ def test_prefixes_change_outputs_and_bad_length_fails(tiny):
 @pytest.mark.slow
 def test_prefix_tuning_trains_and_validates_from_the_compact_checkpoint(tmp_path, shared_data):
     save, results = run_main_job(tmp_path, "prefix-tuning")
-    assert 0.0 <= float(results["results"]["valid"]["accuracy"]) <= 100.0
-    state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)["model"]
-    assert state[PREFIX_KEY].shape == (6, 2, 32, 384)  # the stand-in: L = 6, d = 384
-    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in state)
+    # checkpoints: the MLP + head + fingerprint, no backbone tensor; checkpoint_last resumes
+    assert_compact_and_resumable(save, updates=5)
+    state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert state["model"]["prefix_encoder.output.weight"].shape == (6 * 2 * 384, 800)  # stand-in: L = 6, d = 384
+    raw = SHARED / "data" / "glue" / "RTE"
+    # the hub, from the raw dev sentences, reproduces the prepared tokens and what fairseq-validate's model predicts
+    assert_hub_agrees_with_validation(save, "RTE", raw)
+    assert 0.0 < results["results"]["valid"]["accuracy"] < 100.0  # a score, as a number
+
+    # exported: the 2 L l d prefixes (no MLP, no optimizer state), predicting as checkpoint_best does
+    export_checkpoint(save / "checkpoint_best.pt", save / "exported.pt")
+    exported = torch.load(save / "exported.pt", map_location="cpu", weights_only=False)
+    assert exported["model"][PREFIX_KEY].shape == (6, 2, 32, 384) and exported["last_optimizer_state"] is None
+    assert not any(k.startswith("prefix_encoder.") and k != PREFIX_KEY for k in exported["model"])
+    best, stored = hub(save), hub(save, "exported.pt")
+    assert stored.model.prefix_encoder.stored and not best.model.prefix_encoder.stored
+    tokens = best.encode("The cat sat on the mat.", "A cat is sitting.")
+    assert torch.allclose(stored.predict(HEAD, tokens), best.predict(HEAD, tokens), atol=1e-5)

@@ -110,3 +110,21 @@ def test_task_reserves_inserted_tokens(tmp_path):
         task.set_num_inserted_tokens(6)
     with pytest.raises(RuntimeError, match="loaded before the model was built"):
         task.set_num_inserted_tokens(2)
+
+
+def test_task_json_provenance_round_trip(tmp_path):
+    """task.json records what the data was made from; files written before that field still read (None)."""
+    import json
+
+    from fairseq_idpg.data.task_info import TaskInfo
+
+    origin = {"raw": "/raw/RTE", "raw_sha256": {"train.tsv": "ab", "dev.tsv": "cd"}, "bpe": "gpt2",
+              "bpe_sha256": {"encoder.json": "ef"}, "few_shot": None, "dev_from_train": None, "seed": None}  # fmt: skip
+    info = TaskInfo("RTE", 2, False, True, "accuracy", {"train": 2490, "valid": 277}, bpe="gpt2", provenance=origin)
+    info.write(tmp_path)
+    assert TaskInfo.exists(tmp_path) and TaskInfo.read(tmp_path) == info
+    old = {k: v for k, v in info.to_dict().items() if k != "provenance"}
+    (tmp_path / "task.json").write_text(json.dumps({**old, "doubled_by_swapping": True}))
+    read = TaskInfo.read(tmp_path)
+    assert read.provenance is None and read.extra == {"doubled_by_swapping": True}
+    assert not TaskInfo.exists(tmp_path / "nothing")

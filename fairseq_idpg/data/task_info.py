@@ -2,7 +2,10 @@
 
 The one owner of that file's schema: prepare writes it (``TaskInfo.write``), the task reads it
 (``TaskInfo.read``: ``--num-classes`` and the sentence-pair layout), the main job reads the
-metric and splits from it. Models never read files: the task hands them its ``info``.
+metric, splits and ``provenance`` from it (what the folder was made from: the raw folder, the
+sha256 of each raw file and of the BPE files, the sampling; ``preprocessing/prepare.py``), to
+prepare again when they differ from what it would prepare now. Models never read files: the task
+hands them its ``info``.
 """
 
 import json
@@ -26,6 +29,7 @@ class TaskInfo:
     few_shot: Optional[int] = None
     dev_from_train: Optional[int] = None
     seed: Optional[int] = None  # of the few-shot / dev sampling
+    provenance: Optional[Dict[str, Any]] = None  # raw, raw_sha256, bpe, bpe_sha256, few_shot, dev_from_train, seed
     extra: Dict[str, Any] = field(default_factory=dict)  # keys written by other tools
 
     @property
@@ -50,6 +54,10 @@ class TaskInfo:
     @staticmethod
     def path(data_dir) -> str:
         return os.path.join(str(data_dir), FILE_NAME)
+
+    @classmethod
+    def exists(cls, data_dir) -> bool:
+        return os.path.isfile(cls.path(data_dir))
 
     @classmethod
     def read(cls, data_dir) -> Optional["TaskInfo"]:

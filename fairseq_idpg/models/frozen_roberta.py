@@ -8,8 +8,11 @@ whatever they add trains. The task-model protocol (``tasks/model_protocol.py``):
 tokens unless a subclass says so.
 
 - ``--backbone PATH``: the fairseq RoBERTa checkpoint (``model.pt`` of roberta.large, of the
-  stand-in, ...) loaded into the encoder when the model is built. The path is kept in the
-  checkpoint's cfg, so fairseq-validate and ``from_pretrained`` rebuild the same backbone.
+  stand-in, ...) loaded into the encoder when the model is built. The path is kept, as given,
+  in the checkpoint's cfg, so fairseq-validate and ``from_pretrained`` rebuild the same
+  backbone; where it has moved, they take the new location as an override of that option
+  (``--model-overrides "{'backbone': PATH}"``, ``from_pretrained(..., backbone=PATH)``). A
+  missing file, or one that is not a fairseq checkpoint, fails with one line saying so.
   (``--restore-file`` of a pretrained checkpoint also works: the method's tensors missing
   from it keep their initialisation.)
 - Frozen means absent from the optimizer: fairseq's trainer optimizes only tensors with
@@ -19,14 +22,17 @@ tokens unless a subclass says so.
   rounded to fp16, in float64; close under fp16/bf16 rounding, far apart for another
   backbone). Loading one into a model whose backbone does not match is refused with the
   reason. The same fingerprint, rounded to 10 digits and hashed, is ``backbone_digest``: the
-  key of caches computed from the frozen weights (IDPG's M(x)).
+  key of caches computed from the frozen weights (IDPG's M(x)). The trained tensors are kept in
+  their training form, with fairseq's optimizer and lr-scheduler state beside them, so a run
+  resumes from ``checkpoint_last.pt``; ``export_checkpoint`` writes the form to share or deploy
+  (``stored_state_dict``: prefix tuning's 2 L l d prefixes instead of its MLP; no optimizer state).
 """
 
 import itertools
 import logging
+from pathlib import Path
 
 import torch
-from fairseq import checkpoint_utils
 from fairseq.models.roberta import RobertaModel
 
 from fairseq_idpg.data.sentence_representation_cache import cache_key
@@ -35,6 +41,65 @@ logger = logging.getLogger(__name__)
 
 FINGERPRINT_KEY = "_frozen_backbone_fingerprint"
 FINGERPRINT_RTOL = 5e-3  # bf16 rounding moves a sum of squares by ~1e-4; another backbone by far more
+# how to point a trained checkpoint at its backbone, from each entry point
+RELOCATE = (
+    "a trained checkpoint names the backbone it was trained on: give its location with "
+    "--model-overrides \"{'backbone': 'PATH'}\" (fairseq-validate), backbone='PATH' (RobertaModel.from_pretrained) "
+    "or --backbone PATH (fairseq-train)"
+)
+
+
+def read_backbone(path):
+    """The weights (``state["model"]``) of the fairseq checkpoint at ``path``; anything else fails
+    with one line naming ``--backbone``, the file and how to give the right one."""
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"--backbone {path}: no such file; {RELOCATE}")
+    if file.is_dir():
+        inside = file / "model.pt"
+        hint = f"did you mean {inside}?" if inside.is_file() else RELOCATE
+        raise ValueError(f"--backbone {path}: is a folder, not a fairseq checkpoint file; {hint}")
+    try:
+        state = _load(file)
+    except Exception as e:  # unpickling, zip and EOF errors of a file that is not a (whole) checkpoint
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"--backbone {path}: not a fairseq checkpoint (torch.load: {reason}); {RELOCATE}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        held = f"a dict of {', '.join(map(str, list(state)[:4]))}" if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"--backbone {path}: not a fairseq checkpoint (it holds {held}, no 'model' weights); {RELOCATE}"
+        )
+    return state["model"]
+
+
+def _load(file):
+    try:  # memory-mapped: the frozen weights are copied into the model once
+        return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
+        return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def export_checkpoint(src, dst):
+    """Write ``dst``: the fairseq checkpoint ``src`` to share or deploy. The trained tensors in
+    their stored form (the model class's ``stored_state_dict``: prefix tuning's prefixes instead of
+    its MLP), the backbone fingerprint, the cfg (and so the backbone's path); no optimizer state, so
+    fairseq-validate and ``from_pretrained`` load it, and training on from it needs
+    ``--reset-optimizer``. Returns the number of values in its model state."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_idpg  # noqa: F401  (registers the architectures)
+
+    state = torch.load(src, map_location="cpu", weights_only=False)
+    cfg = state.get("cfg")
+    model_cfg = cfg["model"] if cfg is not None else state["args"]
+    get = model_cfg.get if hasattr(model_cfg, "get") else vars(model_cfg).get  # dict or Namespace
+    arch = get("arch") or get("_name")
+    stored = getattr(ARCH_MODEL_REGISTRY.get(arch), "stored_state_dict", None)
+    if stored is not None:
+        state["model"] = stored(state["model"])
+    state["last_optimizer_state"] = None
+    torch.save(state, dst)
+    return sum(v.numel() for k, v in state["model"].items() if k != FINGERPRINT_KEY)
 
 
 class FrozenBackboneRobertaModel(RobertaModel):
@@ -98,8 +163,7 @@ class FrozenBackboneRobertaModel(RobertaModel):
 
     # ------------------------------------------------------------------ backbone loading
     def load_backbone(self, path):
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
-        weights = state["model"]
+        weights = dict(read_backbone(path))
         self.upgrade_state_dict_named(weights, "")  # old "decoder." names, etc.
         weights = {k: v for k, v in weights.items() if not k.startswith("classification_heads.")}
         own = dict(self.state_dict(full=True))
@@ -116,14 +180,20 @@ class FrozenBackboneRobertaModel(RobertaModel):
                 f"{tuple(own[mismatched[0]].shape)} in the model"
             )
             raise ValueError(
-                f"--backbone {path}: does not fit this architecture ({problem}); "
-                f"give the encoder flags of that checkpoint (--encoder-layers, --encoder-embed-dim, ...)"
+                f"--backbone {path}: does not fit this architecture ({problem}); give the encoder flags of "
+                f"that checkpoint (--encoder-layers, --encoder-embed-dim, ...), or {RELOCATE}"
             )
         own.update(weights)
         torch.nn.Module.load_state_dict(self, own, strict=True)
         logger.info(f"loaded frozen backbone from {path}")
 
     # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def stored_state_dict(cls, state):
+        """The form of a checkpoint's model ``state`` to share (``export_checkpoint``); subclasses
+        whose training form is larger than what they store override it (prefix tuning)."""
+        return state
+
     def _frozen_parameters(self):
         frozen = self.frozen_names()
         return [(n, p) for n, p in sorted(self.named_parameters()) if n in frozen]
@@ -176,12 +246,12 @@ class FrozenBackboneRobertaModel(RobertaModel):
             raise RuntimeError(
                 f"checkpoint was trained on another backbone: it froze {saved.shape[0]} tensors "
                 f"({int(saved[:, 0].sum()):,} values), this model's backbone {backbone} has "
-                f"{current.shape[0]} ({int(current[:, 0].sum()):,})"
+                f"{current.shape[0]} ({int(current[:, 0].sum()):,}); {RELOCATE}"
             )
         rel = ((saved[:, 1] - current[:, 1]).abs() / current[:, 1].abs().clamp_min(1e-12)).max().item()
         if rel > FINGERPRINT_RTOL:
             raise RuntimeError(
                 f"checkpoint was trained on another backbone: the frozen weights of {backbone} differ "
                 f"from those it was trained with (largest relative change of a tensor's sum of squares "
-                f"{rel:.2e} > {FINGERPRINT_RTOL}); pass the right --backbone"
+                f"{rel:.2e} > {FINGERPRINT_RTOL}); {RELOCATE}"
             )

@@ -48,7 +48,7 @@ from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
 from fairseq_idpg.modules.attention.inducer import OUTPUTS, Inducer
 from fairseq_idpg.modules.attention.lora import LoRA
-from fairseq_idpg.modules.attention.prefix import PrefixEncoder
+from fairseq_idpg.modules.attention.prefix import MLP_NAMES, PrefixEncoder, stored_prefixes
 
 logger = logging.getLogger(__name__)
 PREFIX_KEY = "prefix_encoder.kv"
@@ -60,7 +60,6 @@ DEFAULTS = {
     # prefix tuning
     "prefix_length": 0,
     "prefix_mid_dim": 800,
-    "prefix_save_mlp": False,
     # LoRA
     "lora_rank": 0,
     "lora_alpha": 32.0,
@@ -117,12 +116,6 @@ def add_prefix_args(parser):
     g = parser.add_argument_group("Prefix tuning (Li & Liang 2021)")
     g.add_argument("--prefix-length", type=int, metavar="L", help="virtual key/value vectors per layer (0: off)")
     g.add_argument("--prefix-mid-dim", type=int, metavar="M", help="hidden size of the reparameterisation MLP (800)")
-    g.add_argument(
-        "--prefix-save-mlp",
-        action="store_true",
-        default=None,
-        help="checkpoints keep the MLP (resumable) instead of the 2 L l d prefixes",
-    )
 
 
 def add_lora_args(parser):
@@ -244,9 +237,7 @@ def install_blocks(model, args):
     encoder = model.encoder.sentence_encoder
     dim, heads, num_layers = args.encoder_embed_dim, args.encoder_attention_heads, len(encoder.layers)
     if args.prefix_length:
-        model.prefix_encoder = PrefixEncoder(
-            num_layers, dim, args.prefix_length, args.prefix_mid_dim, save_mlp=bool(args.prefix_save_mlp)
-        )
+        model.prefix_encoder = PrefixEncoder(num_layers, dim, args.prefix_length, args.prefix_mid_dim)
     prefix = getattr(model, "prefix_encoder", None)
     targets = lora_targets(args)
 
@@ -323,27 +314,27 @@ class RobertaBlocksModel(FrozenBackboneRobertaModel):
         super().__init__(args, encoder)
         install_blocks(self, args)
 
-    # ------------------------------------------------------------------ prefix tuning: store vs train
-    def state_dict(self, *args, full=False, **kwargs):
-        """Checkpoints hold prefix tuning's stored form: the 2 L l d prefixes, not the MLP."""
-        state = super().state_dict(*args, full=full, **kwargs)
-        prefix = getattr(self, "prefix_encoder", None)
-        if full or kwargs.get("prefix", "") or prefix is None or prefix.stored or prefix.save_mlp:
+    # ------------------------------------------------------------------ prefix tuning: train vs store
+    # Training checkpoints keep the MLP: a resumed run then has the trainable tensors of the run that
+    # wrote it, and fairseq keeps the optimizer state. The stored form (2 L l d prefixes) is what an
+    # exported checkpoint holds (frozen_roberta.export_checkpoint -> stored_state_dict); a model
+    # switches to it when it loads one.
+    @classmethod
+    def stored_state_dict(cls, state):
+        """``state`` with the prefix MLP replaced by its prefixes (``PREFIX_KEY`` [L, 2, l, d])."""
+        names = [f"prefix_encoder.{name}" for name in MLP_NAMES]
+        if not all(name in state for name in names):
             return state
-        for key in [k for k in state if k.startswith("prefix_encoder.")]:
-            del state[key]
-        state[PREFIX_KEY] = prefix.prefixes()
-        return state
+        stored = type(state)((k, v) for k, v in state.items() if k not in names)
+        stored[PREFIX_KEY] = stored_prefixes(*(state[name].float() for name in names)).to(state[names[0]].dtype)
+        return stored
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         prefix = getattr(self, "prefix_encoder", None)
         if prefix is not None and not prefix.stored and PREFIX_KEY in state_dict:
-            # a stored-form checkpoint: the MLP is gone for good. A resumed run then has other
-            # trainable tensors than the one that wrote it, and fairseq refuses its optimizer state
-            logger.info(
-                "prefix tuning: loading stored prefixes (no MLP); to resume training, "
-                "train with --prefix-save-mlp or pass --reset-optimizer"
-            )
+            # an exported checkpoint: the MLP is gone for good; training on from it has other
+            # trainable tensors than the run that wrote it (fairseq-train needs --reset-optimizer)
+            logger.info("prefix tuning: loading stored prefixes (no MLP)")
             prefix.to_stored(torch.zeros_like(state_dict[PREFIX_KEY]))
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 

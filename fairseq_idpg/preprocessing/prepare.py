@@ -7,9 +7,15 @@ preprocess into a temporary sibling of ``out`` that is renamed into place at the
     out/input0/{split}.{bin,idx}, dict.txt     first sentence
     out/input1/...                             second sentence (pairs only)
     out/label/{split}.{bin,idx}, dict.txt      fixed label order (STS-B: {split}.label = score / 5)
-    out/task.json                              num_classes, regression, pair, metric, split sizes
+    out/task.json                              num_classes, regression, pair, metric, split sizes,
+                                               provenance (what it was made from: ``provenance``)
+
+``provenance`` records the raw folder, the sha256 of each raw file and of the BPE files, and the
+sampling options; ``provenance_differences`` says why a prepared folder is not what the same
+options would prepare now (the main job, ``fairseq_idpg/run.py``, prepares again then).
 """
 
+import hashlib
 import logging
 import os
 import shutil
@@ -18,7 +24,7 @@ import tempfile
 import time
 from multiprocessing import Pool
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -49,10 +55,10 @@ def prepare(
     raw, out = Path(raw), Path(out)
     workers = workers or min(4, os.cpu_count() or 1)
     _check_bpe(bpe, bpe_dir, vocab)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise PrepareError(f"--out {out} already exists (pass --overwrite to replace it)")
+    _check_out(out, overwrite)
     data = read_raw(spec, raw, strict_sizes)
     splits = make_splits(spec, data, few_shot, dev_from_train, seed)
+    origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed)
     print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +80,7 @@ def prepare(
             few_shot=few_shot,
             dev_from_train=dev_from_train,
             seed=seed if few_shot is not None or dev_from_train is not None else None,
+            provenance=origin,
         )
         info.write(tmp)
         _move_into_place(tmp, out)
@@ -82,6 +89,92 @@ def prepare(
         raise
     print(f"{spec.name}: wrote {out} in {time.time() - start:.1f} s", flush=True)
     return info.to_dict()
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """An existing non-empty ``out`` is replaced only with ``overwrite`` and only if it holds prepared data."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not overwrite:
+        raise PrepareError(f"--out {out} already exists (pass --overwrite to replace it)")
+    if not out.is_dir() or not TaskInfo.exists(out):
+        raise PrepareError(
+            f"--out {out} exists and is not a prepared data folder (no task.json): --overwrite replaces only "
+            f"prepared data; move it away or choose another --out"
+        )
+
+
+# --- provenance --------------------------------------------------------------------------
+
+
+_DIGESTS: Dict[tuple, str] = {}  # (path, size, mtime) -> sha256, for this process
+
+
+def file_sha256(path) -> str:
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
+
+
+def bpe_files(bpe: str, bpe_dir: Optional[str] = None, vocab: Optional[str] = None) -> Dict[str, Path]:
+    """The files that define the encoding: GPT-2's encoder.json, vocab.bpe, dict.txt, or WordPiece's vocab.txt."""
+    if bpe == "gpt2":
+        return {name: Path(bpe_dir) / name for name in GPT2_FILES}
+    return {Path(vocab).name: Path(vocab)}
+
+
+def provenance(
+    task,
+    raw,
+    bpe: str = "gpt2",
+    bpe_dir: Optional[str] = None,
+    vocab: Optional[str] = None,
+    few_shot: Optional[int] = None,
+    dev_from_train: Optional[int] = None,
+    seed: int = 1,
+) -> Dict[str, Any]:
+    """What a prepared folder is made from: the raw folder and the sha256 of each of the task's raw
+    files, the BPE and the sha256 of its files, the sampling (few-shot K, dev-from-train N, seed)."""
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    raw = Path(raw)
+    sampled = few_shot is not None or dev_from_train is not None
+    return {
+        "raw": str(raw.resolve()),
+        "raw_sha256": {name: file_sha256(raw / name) for name in spec.files},
+        "bpe": bpe,
+        "bpe_sha256": {name: file_sha256(path) for name, path in bpe_files(bpe, bpe_dir, vocab).items()},
+        "few_shot": few_shot,
+        "dev_from_train": dev_from_train,
+        "seed": seed if sampled else None,
+    }
+
+
+def provenance_differences(recorded: Optional[Dict[str, Any]], wanted: Dict[str, Any]) -> List[str]:
+    """Why data prepared from ``recorded`` is not what ``wanted`` would prepare (empty: the same data).
+    The raw folder's path alone does not count: the same files elsewhere make the same data."""
+    if not recorded:
+        return ["its task.json records no provenance (prepared by an older version or by other means)"]
+    reasons = []
+    old_raw, new_raw = recorded.get("raw_sha256") or {}, wanted["raw_sha256"]
+    changed = [name for name in new_raw if old_raw.get(name) != new_raw[name]]
+    if changed:
+        where = recorded.get("raw")
+        moved = f" (prepared from {where}, now {wanted['raw']})" if where != wanted["raw"] else ""
+        reasons.append(f"raw file(s) {', '.join(changed)} differ by sha256{moved}")
+    if recorded.get("bpe") != wanted["bpe"]:
+        reasons.append(f"BPE {recorded.get('bpe')} -> {wanted['bpe']}")
+    elif (recorded.get("bpe_sha256") or {}) != wanted["bpe_sha256"]:
+        reasons.append(f"the {wanted['bpe']} BPE files ({', '.join(wanted['bpe_sha256'])}) differ by sha256")
+    for key, flag in (("few_shot", "--few-shot"), ("dev_from_train", "--dev-from-train"), ("seed", "sampling seed")):
+        if recorded.get(key) != wanted[key]:
+            reasons.append(f"{flag} {recorded.get(key)} -> {wanted[key]}")
+    return reasons
 
 
 def read_raw(spec: TaskSpec, raw: Path, strict_sizes: bool = False) -> Dict[str, List[Example]]:

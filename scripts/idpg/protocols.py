@@ -20,12 +20,14 @@ and ``few_shot.sh`` beside this file call it.
   sentences swapped (one shard). The stage-1 backbone is exported as a model folder
   (``model.pt`` + dictionary), the frozen backbone of stage 2: the method on TASK as in ``full``.
 - few-shot (section 4.4): K in {100, 500, 1000} training examples and a 1,000-example dev set
-  sampled from train (``prepare_data.py --few-shot K --seed S``), the official dev set as test;
-  lr 5e-4, batch 16, 50 epochs, 5 seeds; scored on the test split. The authors start from an
-  MNLI-tuned RoBERTa: pass ``--model`` the folder exported by ``supplementary``.
+  sampled from train (``run.sh --few-shot K --data-seed S``, which runs ``prepare_data.py
+  --few-shot K --seed S``), the official dev set as test; lr 5e-4, batch 16, 50 epochs, 5 seeds;
+  scored on the test split. The authors start from an MNLI-tuned RoBERTa: pass ``--model`` the
+  folder exported by ``supplementary``.
 
-Each run gets its own work folder (``WORK/<protocol>/<run>``, data-bin shared through a link), so
-run.sh's ``checkpoints/<model>/<TASK>/<method>`` never collide; results.json files stay there.
+Each run gets a work folder (``WORK/<protocol>/<run>``, data-bin shared through a link) and in it
+run.sh's folder of that configuration (``checkpoints/<model>/<TASK>/<method>/lr<lr>.seed<seed>.<hash>``,
+found again by its config.json), where results.json stays.
 """
 
 import argparse
@@ -41,7 +43,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from fairseq_idpg.preprocessing.formats import get_task  # noqa: E402
-from fairseq_idpg.run import RunError, model_dir, parse_valid_line, raw_dir  # noqa: E402
+from fairseq_idpg.run import (  # noqa: E402
+    RunError,
+    bpe_args,
+    data_folder,
+    find_runs,
+    model_dir,
+    model_name,
+    parse_valid_line,
+    raw_dir,
+)
 
 RUN = [str(REPO / "scripts" / "run.sh")]
 LR_GRID = (5e-3, 1e-3, 5e-4, 1e-4)
@@ -65,7 +76,7 @@ class Runner:
     def __init__(self, opts, extra):
         self.opts, self.extra, self.dry = opts, extra, opts.dry_run
         self.work = Path(opts.work_dir)
-        self.model_name = "standin" if opts.model == "standin" else model_dir(opts.model).name
+        self.model_name = model_name(opts.model)
 
     def raw(self, task, given=None):
         """The task's raw folder; a placeholder in a dry run where it is absent."""
@@ -92,6 +103,7 @@ class Runner:
         return folder
 
     def main_job(self, task, folder, lr, seed, batch, updates, epochs, *flags, method=None, model=None):
+        """Run run.sh; returns (results.json as a dict, the run's folder), (None, a placeholder) in a dry run."""
         cmd = RUN + [
             task,
             "--method",
@@ -115,8 +127,13 @@ class Runner:
         if _cuda():
             cmd += ["--fp16", *FP16_FLAGS]
         self.call(cmd + self.extra)
-        results = folder / "checkpoints" / self.model_name / task / (method or self.opts.method) / "results.json"
-        return None if self.dry else json.loads(results.read_text())
+        method = method or self.opts.method
+        if self.dry:
+            return None, folder / "checkpoints" / self.model_name / task / method / "<run folder>"
+        runs = find_runs(folder, self.model_name, task, method, seed=int(seed), lr=float(f"{lr:g}"))
+        if not runs or not (runs[-1] / "results.json").is_file():
+            raise RunError(f"no results.json of {task} {method} lr {lr:g} seed {seed} under {folder}")
+        return json.loads((runs[-1] / "results.json").read_text()), runs[-1]
 
 
 def summarize(rows, metric):
@@ -135,7 +152,7 @@ def cmd_full(r, task):
     rows = []
     for lr in r.opts.lrs:
         for seed in r.opts.seeds:
-            res = r.main_job(
+            res, _ = r.main_job(
                 spec.name,
                 r.run_dir("full", f"{spec.name}-{r.opts.method}-lr{lr:g}-seed{seed}"),
                 lr,
@@ -217,7 +234,7 @@ def cmd_supplementary(r, task):
                     r.raw("MNLI", r.opts.mnli_raw),
                     "--out",
                     plain,
-                    *bpe_flags(base),
+                    *bpe_args(base),
                 ]
             )
         print(f"+ double_pairs({plain}, {data})")
@@ -234,8 +251,9 @@ def cmd_supplementary(r, task):
         "--warmup-updates",
         int(0.06 * updates),
     ]
-    raw = [] if r.opts.double or not r.opts.mnli_raw else ["--raw", r.opts.mnli_raw]
-    r.main_job(
+    # the same raw folder as the doubled copy's provenance records, so run.sh keeps that copy
+    raw = ["--raw", r.opts.mnli_raw] if r.opts.mnli_raw else []
+    _, save = r.main_job(
         "MNLI",
         stage1,
         1e-5,
@@ -250,7 +268,7 @@ def cmd_supplementary(r, task):
         *schedule,
     )
     exported = r.work / "supplementary" / f"{r.model_name}-mnli{'-doubled' if r.opts.double else ''}-{r.opts.method}"
-    checkpoint = stage1 / "checkpoints" / r.model_name / "MNLI" / r.opts.method / "checkpoint_best.pt"
+    checkpoint = save / "checkpoint_best.pt"
     print(f"+ export_backbone({checkpoint}, {base}, {exported})")
     if not r.dry:
         export_backbone(checkpoint, base, exported)
@@ -258,42 +276,19 @@ def cmd_supplementary(r, task):
     cmd_full(r, task)
 
 
-def bpe_flags(mdir):
-    if (Path(mdir) / "vocab.txt").is_file():
-        return ["--bpe", "wordpiece", "--vocab", Path(mdir) / "vocab.txt"]
-    bpe_dir = REPO.parent / "shared" / "roberta_bpe"
-    return ["--bpe", "gpt2", "--bpe-dir", bpe_dir if bpe_dir.is_dir() else REPO / "models" / "gpt2_bpe"]
-
-
 def cmd_few_shot(r, task):
     spec = get_task(task)
-    mdir = model_dir(r.opts.model)
     rows = []
     for k in r.opts.k:
         for seed in r.opts.seeds:
-            folder = r.work / "few-shot" / f"{spec.name}-K{k}-seed{seed}"  # its own data-bin: the sample
-            data = folder / "data-bin" / r.model_name / spec.name
-            if r.dry or not (data / "task.json").exists():
-                r.call(
-                    [
-                        sys.executable,
-                        REPO / "scripts" / "prepare_data.py",
-                        spec.name,
-                        "--raw",
-                        r.raw(spec.name),
-                        "--out",
-                        data,
-                        "--few-shot",
-                        k,
-                        "--seed",
-                        seed,
-                        *bpe_flags(mdir),
-                    ]
-                )
+            # run.sh samples K train examples and the 1,000-example dev set (prepare_data.py --few-shot K --seed S)
+            folder = r.run_dir("few-shot", f"{spec.name}-K{k}-seed{seed}")
             updates = 50 * math.ceil(k / 16)
-            r.main_job(spec.name, folder, 5e-4, seed, 16, updates, 50)
+            sample = ["--few-shot", k, "--data-seed", seed]
+            _, save = r.main_job(spec.name, folder, 5e-4, seed, 16, updates, 50, *sample)
+            data = data_folder(folder, r.model_name, spec.name, few_shot=k, data_seed=seed)
             tests = "test,test1" if spec.name == "MNLI" else "test"
-            checkpoint = folder / "checkpoints" / r.model_name / spec.name / r.opts.method / "checkpoint_best.pt"
+            checkpoint = save / "checkpoint_best.pt"
             cmd = [
                 "fairseq-validate",
                 data,
@@ -312,7 +307,7 @@ def cmd_few_shot(r, task):
             if not r.dry:
                 out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=True)
                 score = parse_valid_line(out.stdout + out.stderr)["test"][spec.metric]
-                (checkpoint.parent / "test_results.json").write_text(json.dumps({"metric": spec.metric, "test": score}))
+                (save / "test_results.json").write_text(json.dumps({"metric": spec.metric, "test": score}))
                 rows.append((f"K={k}", seed, float(score)))
     summarize(rows, spec.metric + " (test)")
 

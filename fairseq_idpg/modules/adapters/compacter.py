@@ -1,6 +1,8 @@
 """``CompacterAdapter`` (Karimi Mahabadi et al. 2021, in the IDPG paper's configuration, IDPG
 appendix A.1.2): the bottleneck adapter of ``bottleneck.py`` with both projections PHM layers
-(``phm.PHMLinear``, W = sum_i kron(A_i, s_i t_i), low rank 1) and GELU (Compacter's ``gelu_new``).
+(``phm.PHMLinear``, W = sum_i kron(A_i, s_i t_i), low rank 1) and exact GELU (Compacter's released
+config names ``gelu_new``, the tanh approximation, which differs by at most 4.7e-4; the IDPG paper
+does not say which its baseline used).
 
     f(x) = PHM_up(Dropout(GELU(PHM_down(x))))          [..., d] -> [..., d]
 

@@ -7,9 +7,12 @@ Training form (the reparameterisation, which stabilises training):
                                               W_1: [d, m], W_2: [m, 2 L d], m = 800
     P.view(l, L, 2, d) -> P_k^(layer), P_v^(layer): [l, d] each
 
-Stored form: the prefixes themselves, ``kv`` [L, 2, l, d] (2 L l d values): ``to_stored()``
-drops the MLP. The model (``models/roberta_blocks.py``) writes checkpoints in the stored form
-(the "store" column of inducer-tuning Table 1) unless ``save_mlp`` is set, and switches to it when it loads one.
+Stored form: the prefixes themselves, ``kv`` [L, 2, l, d] (2 L l d values, the "store" column
+of inducer-tuning Table 1): ``to_stored()`` drops the MLP; ``stored_prefixes`` computes them from
+a training-form state dict. Training checkpoints keep the MLP, so that a resumed run has the same
+trainable tensors (and fairseq keeps its optimizer state); an exported checkpoint
+(``models/frozen_roberta.export_checkpoint``) holds the stored form, and the model
+(``models/roberta_blocks.py``) switches to it when it loads one.
 
 ``layer_kv(i)`` returns layer i's [l, d] key and value prefixes. In the training form it
 computes only that layer's slice of W_2 (the shared tanh layer, l x d x m, is recomputed per
@@ -20,21 +23,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+MLP_NAMES = ("embedding.weight", "hidden.weight", "hidden.bias", "output.weight", "output.bias")
+
+
+def stored_prefixes(embedding, hidden_weight, hidden_bias, output_weight, output_bias):
+    """The stored form [L, 2, l, d] of the MLP's tensors (``MLP_NAMES``): E [l, d], W_1 [m, d],
+    b_1 [m], W_2 [2 L d, m], b_2 [2 L d] (``nn.Linear`` layout); no module needed."""
+    length, dim = embedding.shape
+    num_layers = output_weight.shape[0] // (2 * dim)
+    with torch.no_grad():
+        kv = F.linear(torch.tanh(F.linear(embedding, hidden_weight, hidden_bias)), output_weight, output_bias)
+    return kv.view(length, num_layers, 2, dim).permute(1, 2, 0, 3).contiguous()
+
 
 class PrefixEncoder(nn.Module):
     """Per-layer key/value prefixes, reparameterised by an MLP while training.
 
     Args:
         num_layers: L; dim: d; length: l (>= 1); mid_dim: m of the MLP (800).
-        save_mlp: checkpoints keep the training form (resumable) instead of the prefixes.
     """
 
-    def __init__(self, num_layers, dim, length, mid_dim=800, save_mlp=False):
+    def __init__(self, num_layers, dim, length, mid_dim=800):
         super().__init__()
         if length < 1:
             raise ValueError(f"prefix length must be >= 1, got {length}")
         self.num_layers, self.dim, self.length, self.mid_dim = num_layers, dim, length, mid_dim
-        self.save_mlp = save_mlp
         # PyTorch's default initialisation, as in the authors' Prefix module
         self.embedding = nn.Embedding(length, dim)
         self.hidden = nn.Linear(dim, mid_dim)
@@ -59,8 +72,7 @@ class PrefixEncoder(nn.Module):
         """All prefixes [L, 2, l, d] (the stored form)."""
         if self.stored:
             return self.kv.detach().clone()
-        h = torch.tanh(self.hidden(self.embedding.weight))
-        return self.output(h).view(self.length, self.num_layers, 2, self.dim).permute(1, 2, 0, 3).contiguous()
+        return stored_prefixes(*(self.get_parameter(name) for name in MLP_NAMES))
 
     def to_stored(self, kv=None):
         """Drop the MLP and keep the prefixes (computed now, or ``kv``) as the trainable tensor."""

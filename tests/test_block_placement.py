@@ -1,0 +1,316 @@
+"""Where the blocks of ``--arch roberta_blocks`` sit inside a frozen encoder layer, checked against the layer
+written out by hand from fairseq's weights (post-LN, as RoBERTa: ``normalize_before=False``):
+
+    h = Dropout(W_o Attn(x) + b_o)                    attention sublayer (+ prefixes, LoRA, inducer inside)
+    h = h + f_attn(h)                                  Houlsby adapter / Compacter: after the output projection
+    y = LN_1(x + h)                                    and its dropout, before the residual and the LayerNorm
+    g = Dropout(W_2 GELU(W_1 y + b_1) + b_2)
+    g = g + f_ffn(g)                                   the same after the FFN (Houlsby et al. 2019, Figure 2)
+    out = LN_2(y + g + s f_par(y))                     parallel FFN adapter beside the FFN (He et al. 2021;
+                                                       MAM adapter, MAM inducer-tuning section 5.2), s = 2
+
+with f(h) = s (W_up Dropout(ReLU(W_down h + b_d)) + b_u) (``BottleneckAdapter``) or PHM_up(GELU(PHM_down(h)))
+(``CompacterAdapter``). Every trained tensor is set to random non-zero values first: the zero-initialised
+up-projections would make every placement agree. The misplaced variants show the check can fail: moving the
+attention adapter after the LayerNorm (in the reference or in the layer itself) no longer matches.
+
+``reference_layer`` (also used by test_block_dropout.py) takes ``drop(t, p)``: identity in eval mode,
+``F.dropout(t, p, True)`` in train mode, called in the order the modules draw their dropout masks.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import build_tiny
+
+from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
+
+LENGTHS = (7, 5, 3)  # one full row and two padded ones
+ATOL = 1e-5
+# the four adapter-family presets of the placement question first, then every other block of the family
+ADAPTER_PRESETS = ["houlsby-adapter", "compacter", "mam-adapter", "mam-inducer"]
+OTHER_PRESETS = [
+    "inducer",
+    "inducer-lora",
+    "inducer-adaptive",
+    "inducer-extension",
+    "inducer-gating",
+    "prefix-tuning",
+    "lora",
+    "bitfit",  # no block: fairseq's own layer, so the reference itself is checked
+]
+MISPLACEMENTS = {
+    "attn-adapter-after-ln": "the attention adapter after LN_1: LN_1(x + h) + f(LN_1(x + h))",
+    "ffn-adapter-after-ln": "the FFN adapter after LN_2",
+    "parallel-adapter-after-ln": "the parallel adapter added after LN_2",
+    "parallel-adapter-sequential": "the parallel adapter fed by the FFN output (sequential) instead of its input",
+}
+
+
+# ---------------------------------------------------------------------- inputs and models
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread (on a busy machine, waking threads costs more than the maths)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def batch(dim, seed=1):
+    """x [T, B, d] and its padding mask [B, T] (True at padding)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(max(LENGTHS), len(LENGTHS), dim, generator=g)
+    pad = torch.arange(max(LENGTHS))[None, :] >= torch.tensor(LENGTHS)[:, None]
+    return x, pad
+
+
+def randomise_blocks(model, std=0.3, seed=0):
+    """Every trained tensor but the head's to N(0, std^2): no zero up-projection hides a placement."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad and not name.startswith("classification_heads."):
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+@pytest.fixture(scope="module")
+def blocks_model(tiny):
+    """``make(preset)``: the tiny model with that preset, its blocks randomised (built once per module; the
+    tests here only read it)."""
+    made = {}
+
+    def make(preset):
+        if preset not in made:
+            made[preset] = randomise_blocks(build_tiny(tiny, "roberta_blocks", blocks_preset=preset)).eval()
+        return made[preset]
+
+    return make
+
+
+def no_drop(t, p):
+    return t
+
+
+def train_drop(t, p):
+    return F.dropout(t, p, True)
+
+
+# ---------------------------------------------------------------------- the layer by hand
+def linear(t, module):
+    return t @ module.weight.T + module.bias
+
+
+def layer_norm(t, module):
+    mean = t.mean(-1, keepdim=True)
+    var = ((t - mean) ** 2).mean(-1, keepdim=True)
+    return (t - mean) / torch.sqrt(var + module.eps) * module.weight + module.bias
+
+
+def split_heads(t, heads):
+    """[T, B, d] -> [B, H, T, d_h]."""
+    length, bsz, dim = t.shape
+    return t.reshape(length, bsz, heads, dim // heads).permute(1, 2, 0, 3)
+
+
+def reference_lora(lora, x, drop, misplace):
+    """(alpha / r) Dropout(x) A^T B^T (Hu et al. 2021): the dropout on the input."""
+    if "lora-dropout-on-output" in misplace:
+        return drop(x @ lora.A.T @ lora.B.T * lora.scaling, lora.dropout.p)
+    return drop(x, lora.dropout.p) @ lora.A.T @ lora.B.T * lora.scaling
+
+
+def reference_prefixes(encoder, layer):
+    """Layer ``layer``'s key and value prefixes [l, d]: P = tanh(E W_1 + b_1) W_2 + b_2, P.view(l, L, 2, d)."""
+    if encoder.stored:
+        return encoder.kv[layer, 0], encoder.kv[layer, 1]
+    hidden = torch.tanh(linear(encoder.embedding.weight, encoder.hidden))
+    P = linear(hidden, encoder.output).view(encoder.length, encoder.num_layers, 2, encoder.dim)
+    return P[:, layer, 0], P[:, layer, 1]
+
+
+def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
+    """The attention sublayer W_o Attn(x) + b_o [T, B, d], with whatever blocks ``attn`` carries."""
+    length, bsz, dim = x.shape
+    heads = attn.num_heads
+    head_dim = dim // heads
+    q, k, v = linear(x, attn.q_proj), linear(x, attn.k_proj), linear(x, attn.v_proj)
+    if getattr(attn, "lora_q", None) is not None:  # drawn in the module's order: LoRA q, then LoRA v
+        q = q + reference_lora(attn.lora_q, x, drop, misplace)
+    if getattr(attn, "lora_v", None) is not None:
+        v = v + reference_lora(attn.lora_v, x, drop, misplace)
+    q, k, v = (split_heads(t, heads) for t in (q, k, v))
+    key_pad = pad
+    if getattr(attn, "_prefix", None):
+        pk, pv = reference_prefixes(attn._prefix[0], attn.layer_index)
+        pk, pv = (split_heads(p[:, None].expand(-1, bsz, -1), heads) for p in (pk, pv))  # [B, H, l, d_h]
+        k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+        key_pad = torch.cat([pad.new_zeros(bsz, pk.size(2)), pad], dim=1)  # prefixes are never masked
+    raw = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [B, H, T, S]
+    scores = raw.masked_fill(key_pad[:, None, None, :], float("-inf"))
+    ctx = drop(torch.softmax(scores, dim=-1), attn.dropout_module.p) @ v  # [B, H, T, d_h]
+    delta = 0.0
+    ind = getattr(attn, "inducer", None)
+    if ind is not None:  # inducer-tuning Eqs. 5-9 (module docstring of modules/attention/inducer.py)
+        k_ind = q
+        if ind.key_rank:
+            hidden = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.key_A) + ind.key_a[:, None])
+            k_ind = q + torch.einsum("bhtr,hrd->bhtd", hidden, ind.key_B) + ind.key_b[:, None]
+        s = (q * k_ind).sum(-1) / math.sqrt(head_dim)  # [B, H, T]
+        lam = torch.sigmoid(s - torch.logsumexp(scores if ind.mask_lambda else raw, dim=-1))
+        moved = "lambda-dropout-on-output" in misplace
+        if not moved:
+            lam = drop(lam, ind.lambda_dropout)
+        z = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.value_A) + ind.value_a[:, None])
+        gate = (1 - lam).unsqueeze(-1) if ind.output == "gated" else 1.0
+        if ind.extend_value:  # Delta = sum_h lambda_h z_h B_v[h] + b_v, in the output space
+            ctx = ctx * gate
+            delta = torch.einsum("bhtr,hrd->tbd", lam.unsqueeze(-1) * z, ind.value_B) + ind.value_b
+            delta = drop(delta, ind.lambda_dropout) if moved else delta
+        else:  # v~_h = z_h B_v[h] + b_v[h] inside each head
+            term = lam.unsqueeze(-1) * (torch.einsum("bhtr,hrd->bhtd", z, ind.value_B) + ind.value_b[:, None])
+            ctx = ctx * gate + (drop(term, ind.lambda_dropout) if moved else term)
+    return linear(ctx.permute(2, 0, 1, 3).reshape(length, bsz, dim), attn.out_proj) + delta
+
+
+def reference_adapter(adapter, h, drop=no_drop, misplace=()):
+    """f(h): s (W_up Dropout(ReLU(W_down h + b_d)) + b_u), or Compacter's PHM_up(Dropout(GELU(PHM_down h)))."""
+    if isinstance(adapter, CompacterAdapter):  # W = sum_i kron(A_i, s_i t_i), row-vector convention
+        down, up = (
+            sum(torch.kron(adapter.A[i], m.s[i] @ m.t[i]) for i in range(m.n)) for m in (adapter.down, adapter.up)
+        )
+        hidden = F.gelu(h @ down + adapter.down.bias)
+        return drop(hidden, adapter.dropout.p) @ up + adapter.up.bias
+    hidden = F.relu(h @ adapter.down.weight.T + adapter.down.bias)
+    if "adapter-dropout-on-output" in misplace:
+        return drop(adapter.scale * (hidden @ adapter.up.weight.T + adapter.up.bias), adapter.dropout.p)
+    return adapter.scale * (drop(hidden, adapter.dropout.p) @ adapter.up.weight.T + adapter.up.bias)
+
+
+def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
+    """The post-LN encoder layer by hand (module docstring), [T, B, d] -> [T, B, d]; ``misplace``: names of
+    ``MISPLACEMENTS`` (and of the dropout misplacements of test_block_dropout.py) to compute instead."""
+    assert not layer.normalize_before  # RoBERTa's post-LN layer
+    attn_adapter = getattr(layer, "attn_adapter", None)
+    ffn_adapter = getattr(layer, "ffn_adapter", None)
+    parallel = getattr(layer, "parallel_adapter", None)
+    p = layer.dropout_module.p
+
+    def sequential(adapter, t):  # the sublayer's dropout, then h + f(h)
+        if adapter is None:
+            return drop(t, p)
+        if "adapter-before-dropout" in misplace:
+            return drop(t + reference_adapter(adapter, t, drop, misplace), p)
+        t = drop(t, p)
+        return t + reference_adapter(adapter, t, drop, misplace)
+
+    h = reference_attention(layer.self_attn, x, pad, drop, misplace)
+    after_ln = "attn-adapter-after-ln" in misplace
+    y = layer_norm(x + sequential(None if after_ln else attn_adapter, h), layer.self_attn_layer_norm)
+    if after_ln and attn_adapter is not None:
+        y = y + reference_adapter(attn_adapter, y, drop, misplace)
+
+    beside = parallel is not None and "parallel-adapter-sequential" not in misplace
+    f_par = reference_adapter(parallel, y, drop, misplace) if beside else None  # drawn before the FFN's masks
+    g = drop(F.gelu(linear(y, layer.fc1)), layer.activation_dropout_module.p)
+    after_ln = "ffn-adapter-after-ln" in misplace
+    g = sequential(None if after_ln else ffn_adapter, linear(g, layer.fc2))
+    if parallel is not None and not beside:
+        g = g + reference_adapter(parallel, g, drop, misplace)
+    par_after_ln = "parallel-adapter-after-ln" in misplace
+    if f_par is not None and not par_after_ln:
+        g = g + f_par
+    out = layer_norm(y + g, layer.final_layer_norm)
+    if after_ln and ffn_adapter is not None:
+        out = out + reference_adapter(ffn_adapter, out, drop, misplace)
+    if f_par is not None and par_after_ln:
+        out = out + f_par
+    return out
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# ---------------------------------------------------------------------- the tests
+@pytest.mark.parametrize("preset", ADAPTER_PRESETS + OTHER_PRESETS)
+def test_each_layer_equals_the_hand_built_layer(tiny, blocks_model, preset):
+    model = blocks_model(preset)
+    x, pad = batch(tiny.dim)
+    with torch.no_grad():
+        for i, layer in enumerate(model.encoder.sentence_encoder.layers):
+            out, expected = layer(x, pad), reference_layer(layer, x, pad)
+            assert out.shape == x.shape
+            assert torch.allclose(out, expected, atol=ATOL), f"layer {i}: max |diff| {max_diff(out, expected):.2e}"
+
+
+def test_the_blocks_sit_in_the_slots_the_presets_name(blocks_model):
+    slots = {}
+    for preset in ADAPTER_PRESETS:
+        layer = blocks_model(preset).encoder.sentence_encoder.layers[0]
+        slots[preset] = {
+            name: type(getattr(layer, name)).__name__ if getattr(layer, name) is not None else None
+            for name in ("attn_adapter", "ffn_adapter", "parallel_adapter")
+        }
+    houlsby = dict(attn_adapter="BottleneckAdapter", ffn_adapter="BottleneckAdapter", parallel_adapter=None)
+    compacter = dict(attn_adapter="CompacterAdapter", ffn_adapter="CompacterAdapter", parallel_adapter=None)
+    mam = dict(attn_adapter=None, ffn_adapter=None, parallel_adapter="BottleneckAdapter")
+    assert slots == {"houlsby-adapter": houlsby, "compacter": compacter, "mam-adapter": mam, "mam-inducer": mam}
+
+
+@pytest.mark.parametrize(
+    "preset,misplace",
+    [
+        ("houlsby-adapter", "attn-adapter-after-ln"),
+        ("houlsby-adapter", "ffn-adapter-after-ln"),
+        ("compacter", "attn-adapter-after-ln"),
+        ("compacter", "ffn-adapter-after-ln"),
+        ("mam-adapter", "parallel-adapter-after-ln"),
+        ("mam-adapter", "parallel-adapter-sequential"),
+        ("mam-inducer", "parallel-adapter-after-ln"),
+        ("mam-inducer", "parallel-adapter-sequential"),
+    ],
+)
+def test_a_misplaced_adapter_does_not_match(tiny, blocks_model, preset, misplace):
+    """The comparison above can fail: each placement of MISPLACEMENTS gives another output."""
+    model = blocks_model(preset)
+    x, pad = batch(tiny.dim)
+    with torch.no_grad():
+        for layer in model.encoder.sentence_encoder.layers:
+            out = layer(x, pad)
+            assert torch.allclose(out, reference_layer(layer, x, pad), atol=ATOL)
+            assert max_diff(out, reference_layer(layer, x, pad, misplace={misplace})) > 100 * ATOL, MISPLACEMENTS[
+                misplace
+            ]
+
+
+class AddAfter(nn.Module):
+    """``y = norm(t); y + adapter(y)``: put in place of a LayerNorm, it moves an adapter after it."""
+
+    def __init__(self, norm, adapter):
+        super().__init__()
+        self.norm, self.adapter = norm, adapter
+
+    def forward(self, t):
+        t = self.norm(t)
+        return t + self.adapter(t)
+
+
+@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter"])
+def test_moving_the_attention_adapter_after_the_layernorm_in_the_layer_is_caught(tiny, blocks_model, preset):
+    """The mutation of the question (the layer's attention adapter moved after LN_1) fails the comparison."""
+    model = blocks_model(preset)
+    x, pad = batch(tiny.dim)
+    with torch.no_grad():
+        for layer in model.encoder.sentence_encoder.layers:
+            moved = copy.deepcopy(layer)
+            moved.self_attn_layer_norm = AddAfter(moved.self_attn_layer_norm, moved.attn_adapter)
+            moved.attn_adapter = None
+            out = moved(x, pad)
+            assert not torch.allclose(out, reference_layer(layer, x, pad), atol=ATOL)
+            assert torch.allclose(out, reference_layer(layer, x, pad, misplace={"attn-adapter-after-ln"}), atol=ATOL)

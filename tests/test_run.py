@@ -1,0 +1,521 @@
+"""The main job (scripts/run.sh, fairseq_idpg/run.py): each method's recipe in the fairseq-train command
+(dry runs, no checkpoint or data needed), one folder per configuration, explicit values checked,
+prepared data that follows its raw files, live output, and, end to end on a slice of SST-2 with the
+offline stand-in (slow): seeds in separate folders, a cached second call, kill -9 then resume."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_idpg import run as main_job
+from fairseq_idpg.methods import FINETUNE_TABLE, METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_SH = REPO / "scripts" / "run.sh"
+
+
+def dry_run(capsys, tmp_path, *args):
+    """In-process ``run.sh ... --dry-run``: (printed text, the fairseq-train flags as {flag: value})."""
+    code = main_job.main([*args, "--dry-run", "--work-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    command = next(line for line in out.splitlines() if line.startswith("+ ") and "fairseq_idpg.launch" in line)
+    words = command.split()
+    flags = {w: words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+             for i, w in enumerate(words) if w.startswith("--")}  # fmt: skip
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "data-bin").exists()  # nothing ran
+    return out, flags
+
+
+# ---------------------------------------------------------------------------------------- recipes
+def test_issue_dry_run_inducer_lora_mnli_roberta_large(tmp_path):
+    """The inducer paper's NLU recipe: batch 16, 10 epochs, 6% warmup, clip 1.0, MNLI-mismatched selects;
+    no checkpoint and no raw data needed."""
+    out = subprocess.run(
+        ["bash", str(RUN_SH), "MNLI", "--method", "inducer-lora", "--model", "roberta.large", "--dry-run"]
+        + ["--work-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    budget = next(line for line in out.stdout.splitlines() if line.startswith("budget: "))
+    for shown in ("batch 16 ", "10 epochs of 392,702 examples = 245,440 updates", "clip 1.0", "lr 0.0002"):
+        assert shown in budget, budget
+    assert "warmup 6% = 14,726 updates" in budget and "selection on valid1 (" in budget and "mismatched" in budget
+    command = next(line for line in out.stdout.splitlines() if "fairseq_idpg.launch" in line)
+    for flag in ("--total-batch 16 ", "--max-update 245440 ", "--total-num-update 245440 ", "--warmup-updates 14726 ",
+                 "--clip-norm 1.0 ", "--valid-subset valid1,valid ", "--lr-scheduler polynomial_decay ",
+                 "--encoder-layers 24 ", "--encoder-embed-dim 1024 ", "--blocks-preset inducer-lora "):  # fmt: skip
+        assert flag in command, flag
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "method,task,expected",
+    [
+        # fairseq's GLUE table: RTE lr 2e-5, batch 16, 2,036 updates, 6% warmup, no clipping
+        ("finetune", "RTE", {"--lr": "2e-05", "--total-batch": "16", "--max-update": "2036", "--warmup-updates": "122",
+                             "--clip-norm": "0.0", "--weight-decay": "0.1", "--valid-subset": "valid"}),
+        # IDPG Table 4: constant lr, batch 16 for 50 epochs (RTE: 156 updates each), 32 for 10 on SST-2
+        ("m-idpg-phm", "RTE", {"--lr": "0.005", "--lr-scheduler": "fixed", "--total-batch": "16",
+                               "--max-update": str(50 * 156), "--clip-norm": "0.0", "--weight-decay": "0.1"}),
+        ("m-idpg-phm", "SST-2", {"--total-batch": "32", "--max-update": str(10 * 2105)}),
+        # DPT (adapted): 100 epochs, 10% warmup, clip 1.0, weight decay 1e-5
+        ("dpt", "RTE", {"--lr": "0.005", "--total-batch": "16", "--max-update": str(100 * 156),
+                        "--warmup-updates": str(100 * 156 // 10), "--clip-norm": "1.0", "--weight-decay": "1e-05"}),
+        # the inducer paper's NLU recipe for its baselines too; Compacter with its own lr
+        ("compacter", "MNLI", {"--lr": "0.003", "--total-batch": "16", "--max-update": "245440",
+                               "--clip-norm": "1.0", "--valid-subset": "valid1,valid"}),
+    ],
+)  # fmt: skip
+def test_each_family_dry_run_carries_its_paper_recipe(capsys, tmp_path, method, task, expected):
+    _, flags = dry_run(capsys, tmp_path, task, "--method", method, "--model", "roberta.large")
+    assert {k: flags.get(k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("task", ["RTE", "MNLI"])
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_dry_run_follows_its_record(capsys, tmp_path, name, task):
+    method = METHODS[name]
+    recipe = method.recipe.for_task(task)
+    train = {"RTE": 2490, "MNLI": 392702}[task]
+    _, flags = dry_run(capsys, tmp_path, task, "--method", name, "--model", "roberta.base")
+    updates = recipe.num_updates(train)
+    assert float(flags["--lr"]) == recipe.lr and int(flags["--total-batch"]) == recipe.batch
+    assert int(flags["--max-update"]) == updates and flags["--lr-scheduler"] == recipe.scheduler
+    if recipe.scheduler == "polynomial_decay":
+        assert int(flags["--warmup-updates"]) == int(recipe.warmup * updates)
+        assert int(flags["--total-num-update"]) == updates
+    assert float(flags["--clip-norm"]) == recipe.clip_norm and float(flags["--weight-decay"]) == recipe.weight_decay
+    selected = recipe.select_on if task == "MNLI" else "valid"  # RTE has one dev set
+    assert flags["--valid-subset"].split(",")[0] == selected
+    assert flags["--arch"] == method.arch and flags["--task"] == method.task
+    assert ("--backbone" in flags) == method.frozen_backbone
+    assert ("--finetune-from-model" in flags) == (not method.frozen_backbone)  # resumes from checkpoint_last.pt
+    assert flags["--encoder-layers"] == "12" and flags["--encoder-embed-dim"] == "768"  # roberta.base, no file
+
+
+def test_standin_keeps_its_smoke_budget(capsys, tmp_path):
+    _, flags = dry_run(capsys, tmp_path, "SST-2")
+    assert (flags["--lr"], flags["--max-update"], flags["--total-batch"]) == ("5e-05", "300", "32")
+    assert flags["--warmup-updates"] == "18" and flags["--validate-interval-updates"] == "100"
+    assert flags["--save-interval-updates"] == "100"  # resumable inside the first epoch
+    _, flags = dry_run(capsys, tmp_path, "RTE", "--method", "m-idpg-phm")
+    assert (flags["--lr"], flags["--max-update"], flags["--total-batch"]) == ("0.005", "300", "16")
+
+
+def test_explicit_values_win_and_the_device_layout_keeps_the_batch(capsys, tmp_path):
+    out, flags = dry_run(
+        capsys, tmp_path, "RTE", "--method", "lora", "--model", "roberta.large", "--lr", "1e-3", "--max-update", "50",
+        "--total-batch", "32", "--nproc", "2", "--update-freq", "4", "--max-tokens", "4400", "--seed", "7",
+    )  # fmt: skip
+    assert (flags["--lr"], flags["--max-update"], flags["--total-num-update"], flags["--warmup-updates"]) == (
+        "0.001",
+        "50",
+        "50",
+        "3",
+    )
+    assert (flags["--total-batch"], flags["--batch-size"], flags["--nproc"]) == ("32", "4", "2")  # 2 x 4 x 4
+    assert flags["--max-tokens"] == "4400" and flags["--seed"] == "7"
+    assert "run folder: " + str(tmp_path / "checkpoints" / "roberta.large" / "RTE" / "lora" / "lr1e-3.seed7.") in out
+
+
+def test_epochs_follow_the_batch_given(capsys, tmp_path):
+    """--total-batch 32 with a 10-epoch recipe: 10 epochs of 32 (the budget stays in epochs)."""
+    _, flags = dry_run(capsys, tmp_path, "RTE", "--method", "lora", "--model", "roberta.large", "--total-batch", "32")
+    assert flags["--max-update"] == str(10 * 78)
+
+
+def test_finetune_table_and_records_agree():
+    for task, (lr, batch, updates) in FINETUNE_TABLE.items():
+        recipe = METHODS["finetune"].recipe.for_task(task)
+        assert (recipe.lr, recipe.batch, recipe.num_updates(1)) == (lr, batch, updates)
+
+
+# ---------------------------------------------------------------------------------------- values given
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--lr", "0"], "--lr must be > 0, got 0.0"),
+        (["--lr", "-0.001"], "--lr must be > 0, got -0.001"),
+        (["--max-update", "0"], "--max-update must be > 0, got 0"),
+        (["--nproc", "0"], "--nproc must be > 0, got 0"),
+        (["--total-batch", "0"], "--total-batch must be > 0, got 0"),
+        (["--batch-size", "-2"], "--batch-size must be > 0, got -2"),
+        (["--update-freq", "0"], "--update-freq must be > 0, got 0"),
+        (["--max-tokens", "0"], "--max-tokens must be > 0, got 0"),
+        (["--few-shot", "0"], "--few-shot must be > 0, got 0"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--total-batch", "16", "--batch-size", "6"], "--total-batch 16 is not a multiple of --nproc x --batch-size"),
+        (["--method", "nope"], "unknown --method 'nope'"),
+    ],
+)
+def test_impossible_values_are_one_line_errors_before_anything_runs(capsys, tmp_path, flags, message):
+    assert main_job.main(["RTE", *flags, "--work-dir", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"run.sh: error: {captured.err.split('error: ', 1)[1].strip()}"]
+    assert message in captured.err
+    assert os.listdir(tmp_path) == []
+
+
+def test_error_through_run_sh_is_one_line(tmp_path):
+    out = subprocess.run(
+        ["bash", str(RUN_SH), "RTE", "--max-update", "0", "--work-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "run.sh: error: --max-update must be > 0, got 0"
+
+
+# ---------------------------------------------------------------------------------------- one folder per run
+BASE = {
+    "task": "RTE",
+    "method": {"name": "lora", "arch": "roberta_blocks", "options": {"blocks_preset": "lora"}},
+    "model": {"name": "standin", "path": "/m/model.pt", "sha256": "aa"},
+    "data": {"folder": "/w/data-bin/standin/RTE", "provenance": {"raw": "/raw", "raw_sha256": {"t": "1"}}},
+    "seed": 1,
+    "lr": 2e-4,
+    "batch": 16,
+    "updates": 300,
+    "clip_norm": 1.0,
+    "select_on": "valid",
+    "extra_args": [],
+    "layout": {"nproc": 1, "batch_size": 16, "update_freq": 1},
+}
+
+
+def changed(path, value):
+    config = json.loads(json.dumps(BASE))
+    *parents, key = path.split(".")
+    target = config
+    for p in parents:
+        target = target[p]
+    target[key] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [("seed", 2), ("lr", 1e-3), ("batch", 32), ("updates", 8), ("clip_norm", 0.0), ("select_on", "valid1"),
+     ("extra_args", ["--dropout", "0.2"]), ("method.options", {"blocks_preset": "lora", "lora_rank": 4}),
+     ("model.sha256", "bb"), ("model.path", "/n/model.pt"), ("data.provenance.raw_sha256", {"t": "2"}), ("task", "CB")],
+)  # fmt: skip
+def test_hash_covers_what_defines_the_run(path, value):
+    assert main_job.config_hash(changed(path, value)) != main_job.config_hash(BASE)
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [("layout", {"nproc": 2, "batch_size": 4, "update_freq": 2}), ("data.folder", "/elsewhere"),
+     ("data.provenance.raw", "/copy/of/raw"), ("model.name", "/m")],
+)  # fmt: skip
+def test_hash_ignores_where_and_on_how_many_devices(path, value):
+    assert main_job.config_hash(changed(path, value)) == main_job.config_hash(BASE)
+
+
+def test_folder_names_and_finding_runs(tmp_path):
+    assert [main_job.format_lr(x) for x in (5e-3, 2e-5, 1e-05, 0.3, 1.5e-4, 1.0)] == [
+        "5e-3",
+        "2e-5",
+        "1e-5",
+        "3e-1",
+        "1.5e-4",
+        "1e0",
+    ]
+    root = tmp_path / "checkpoints" / "standin" / "RTE" / "lora"
+    for name, seed in (("lr2e-4.seed1.aaaa1111", 1), ("lr2e-4.seed2.bbbb2222", 2)):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text(json.dumps({"seed": seed, "lr": 2e-4}))
+    assert main_job.find_runs(tmp_path, "standin", "RTE", "lora", seed=2) == [root / "lr2e-4.seed2.bbbb2222"]
+    assert len(main_job.find_runs(tmp_path, "standin", "RTE", "lora", lr=2e-4)) == 2
+
+
+def test_scores_are_numbers():
+    line = "x | valid | valid on 'valid1' subset | loss 0.95 | accuracy 70 | f1 58.82 | num_updates 8 | odd n/a"
+    assert main_job.parse_valid_line(line) == {
+        "valid1": {"loss": 0.95, "accuracy": 70, "f1": 58.82, "num_updates": 8, "odd": "n/a"}
+    }
+
+
+# ---------------------------------------------------------------------------------------- live output
+def test_eta_from_the_rate_of_updates():
+    clock = iter([100.0, 110.0, 130.0]).__next__
+    progress = main_job.Progress(100, clock=clock)
+    assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
+        "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
+    )
+    assert progress.annotate("num_updates=20, wall=30").endswith("| eta 1m20s")  # 10 s per 10 updates seen
+    assert progress.annotate("valid on 'valid' subset | num_updates 20") == "valid on 'valid' subset | num_updates 20"
+    assert progress.annotate("train | epoch 001 | num_updates 40 | wall 60").endswith("| eta 1m00s")  # 30 s / 30
+
+
+CHILD = (  # fairseq-like log lines, 0.4 s apart
+    "import sys, time\nfor i in range(6):\n    print(f'line {i} num_updates={i + 1}, wall={i + 1}')\n"
+    "    time.sleep(0.4)\n"
+)
+
+
+def test_output_reaches_the_log_line_by_line_while_the_command_runs(tmp_path, capsys):
+    log = tmp_path / "train.log"
+    sizes, done = [], threading.Event()
+
+    def poll():
+        while not done.is_set():
+            sizes.append(log.stat().st_size if log.exists() else 0)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    try:
+        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.Progress(6))
+    finally:
+        done.set()
+        watcher.join()
+    final = log.stat().st_size
+    assert len({s for s in sizes if 0 < s < final}) >= 3  # grew in steps while the command ran
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("line ")]
+    assert len(shown) == 6 and all(" | eta " in line for line in shown)  # the terminal got them too, annotated
+    assert "eta" not in log.read_text() and log.read_text().count("line ") == 6  # the log has fairseq's own lines
+
+
+def test_interrupted_command_leaves_its_log(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it): exit 130, the log keeps what was printed."""
+    log = tmp_path / "train.log"
+    script = (
+        "import sys\nfrom fairseq_idpg import run\n"
+        "try:\n"
+        f"    run.tee([sys.executable, '-c', 'import time\\nprint(\"first\")\\ntime.sleep(60)'], {str(log)!r})\n"
+        "except run.RunError as e:\n    print('error:', e)\n    sys.exit(130)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, cwd=REPO,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not (log.exists() and "first" in log.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "error: interrupted;" in out and "the same command resumes" in out
+    assert log.read_text().splitlines()[0] == "first"  # then whatever the command printed as it stopped
+
+
+# ---------------------------------------------------------------------------------------- data provenance
+def write_slice(raw, source, rows):
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, n in rows.items():
+        lines = (source / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (raw / name).write_text("".join(lines[: n + 1]), encoding="utf-8")
+    return raw
+
+
+def test_data_prepared_again_when_its_raw_files_or_bpe_differ(shared_data, tiny, tmp_path, capsys):
+    sst2 = shared_data / "glue" / "SST-2"
+    first = write_slice(tmp_path / "raw1", sst2, {"train.tsv": 20, "dev.tsv": 8})
+    data = tmp_path / "data-bin" / "SST-2"
+    bpe = ["--bpe", "wordpiece", "--vocab", tiny.folder / "vocab.txt"]
+
+    info, reasons, _, seconds = main_job.prepare_if_needed("SST-2", first, data, bpe)
+    assert reasons == ["not prepared yet"] and seconds is not None and info.splits == {"train": 20, "valid": 8}
+    recorded = info.provenance
+    assert recorded["raw"] == str(first.resolve()) and recorded["bpe"] == "wordpiece"
+    assert set(recorded["raw_sha256"]) == {"train.tsv", "dev.tsv"} and set(recorded["bpe_sha256"]) == {"vocab.txt"}
+
+    assert main_job.prepare_if_needed("SST-2", first, data, bpe)[1:4:2] == ([], None)  # up to date: kept
+    copy = shutil.copytree(first, tmp_path / "copy")  # the same files elsewhere: the same data
+    assert main_job.prepare_if_needed("SST-2", copy, data, bpe)[1] == []
+
+    other = write_slice(tmp_path / "raw2", sst2, {"train.tsv": 30, "dev.tsv": 8})
+    info, reasons, _, seconds = main_job.prepare_if_needed("SST-2", other, data, bpe)
+    assert reasons == [
+        f"raw file(s) train.tsv differ by sha256 (prepared from {first.resolve()}, now {other.resolve()})"
+    ]
+    assert info.splits["train"] == 30 and info.provenance["raw"] == str(other.resolve())
+    assert "preparing " + str(data) + " again: raw file(s) train.tsv differ" in capsys.readouterr().out
+
+    # another vocabulary (the same file name): the BPE files differ
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "vocab.txt").write_text((tiny.folder / "vocab.txt").read_text() + "extra-token\n")
+    bpe = [*bpe[:3], tmp_path / "v" / "vocab.txt"]
+    reasons = main_job.prepare_if_needed("SST-2", other, data, bpe)[1]
+    assert reasons == ["the wordpiece BPE files (vocab.txt) differ by sha256"]
+
+    # sampling is part of it too, and a folder that is not prepared data is never replaced
+    few = main_job.prepare_if_needed("SST-2", other, data, bpe, dev_from_train=5, data_seed=3)
+    assert few[1] == ["--dev-from-train None -> 5", "sampling seed None -> 3"] and few[0].splits["valid"] == 5
+    stranger = tmp_path / "notdata"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("x")
+    with pytest.raises(main_job.RunError, match="exists but holds no task.json"):
+        main_job.prepare_if_needed("SST-2", other, stranger, bpe)
+    assert os.listdir(stranger) == ["keep.txt"]
+
+
+def test_prepare_overwrite_replaces_only_prepared_data(tmp_path, tiny):
+    from fairseq_idpg.preprocessing import PrepareError, prepare
+
+    out = tmp_path / "bin"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(PrepareError, match="not a prepared data folder .no task.json.: --overwrite replaces only"):
+        prepare("SST-2", tmp_path / "raw", out, bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), overwrite=True)
+    assert os.listdir(out) == ["keep.txt"]
+
+
+# ---------------------------------------------------------------------------------------- end to end (slow)
+STANDIN = REPO / "models" / "minilm-l6-fairseq"
+# 6 updates of 8 on 64 SST-2 sentences (one epoch = 8 updates), validated and saved at 3 and 6
+SMALL = ["--method", "lora", "--max-update", "6", "--total-batch", "8", "--validate-interval-updates", "3"]
+
+
+def start(work, raw, *args, log):
+    """scripts/run.sh SST-2 in its own session (so kill -9 reaches fairseq-train), output to ``log``."""
+    cmd = ["bash", str(RUN_SH), "SST-2", "--raw", str(raw), "--work-dir", str(work), *SMALL, *args]
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc, log, timeout=900):
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    text = Path(log).read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+def trained(folder):
+    """The LoRA tensors and the head of checkpoint_last.pt (a compact checkpoint: nothing else)."""
+    state = torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return {k: v for k, v in state["model"].items() if not k.startswith("_")}, state
+
+
+@pytest.fixture(scope="module")
+def first_run(shared_data, tmp_path_factory):
+    """Seed 1, polling train.log's size while fairseq-train runs."""
+    if not (STANDIN / "model.pt").is_file():
+        pytest.skip("the stand-in is built by scripts/install.sh (scripts/build_standin.sh)")
+    work = tmp_path_factory.mktemp("run")
+    raw = write_slice(work / "raw", shared_data / "glue" / "SST-2", {"train.tsv": 64, "dev.tsv": 16})
+    began = time.time()
+    proc = start(work, raw, log=work / "first.out")
+    sizes = []
+    while proc.poll() is None:
+        logs = list((work / "checkpoints").glob("standin/SST-2/lora/*/train.log"))
+        sizes.append(logs[0].stat().st_size if logs else 0)
+        time.sleep(0.2)
+    out = finish(proc, work / "first.out")
+    (folder,) = main_job.find_runs(work, "standin", "SST-2", "lora")
+    tensors, _ = trained(folder)
+    print(f"first run: {time.time() - began:.0f} s")
+    return {"work": work, "raw": raw, "folder": folder, "out": out, "sizes": sizes, "tensors": tensors}
+
+
+@pytest.mark.slow
+def test_first_run_live_log_results_and_folder(first_run):
+    folder, out, sizes = first_run["folder"], first_run["out"], first_run["sizes"]
+    assert re.fullmatch(r"lr2e-4\.seed1\.[0-9a-f]{8}", folder.name)
+    final = (folder / "train.log").stat().st_size
+    assert len({s for s in sizes if 0 < s < final}) >= 5  # train.log grew while fairseq-train ran
+    assert re.search(r"num_updates=3, .* \| eta \d+[hms]", out)  # progress with the time left on the terminal
+    results = json.loads((folder / "results.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    assert results["config"] == config and config["seed"] == 1 and config["updates"] == 6 and config["batch"] == 8
+    assert config["extra_args"] == ["--validate-interval-updates", "3"]
+    assert results["seed"] == 1 and isinstance(results["score"], float)
+    assert all(isinstance(v, (int, float)) for v in results["results"]["valid"].values())
+    assert all(isinstance(v, float) for v in results["timings"].values()) and results["timings"]["train"] > 0
+    validated = main_job.parse_valid_line((folder / "validate.log").read_text())
+    assert results["score"] == validated["valid"]["accuracy"]  # what fairseq-validate printed
+    best = max(float(m) for m in re.findall(r"valid on 'valid' subset .*?\| accuracy ([\d.]+)", out))
+    assert results["score"] == best  # checkpoint_best scores what fairseq-train's best validation did
+    git = results["git"]
+    assert git is None or (re.fullmatch(r"[0-9a-f]{40}", git["commit"]) and git["dirty"] in (True, False))
+    assert results["command"].startswith("scripts/run.sh SST-2 --raw ")
+    assert sorted(p.name for p in folder.glob("checkpoint*.pt")) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+    assert any("lora" in k for k in first_run["tensors"])
+
+
+@pytest.mark.slow
+def test_same_command_again_reports_the_result_without_training(first_run):
+    folder, work = first_run["folder"], first_run["work"]
+    log_before = (folder / "train.log").stat()
+    proc = start(work, first_run["raw"], log=work / "cached.out")
+    out = finish(proc, work / "cached.out", timeout=300)
+    assert "cached: this configuration finished on" in out and str(folder / "results.json") in out
+    score = json.loads((folder / "results.json").read_text())["score"]
+    assert f"accuracy {score}" in out
+    assert "fairseq_idpg.launch" not in out and "fairseq_cli.validate" not in out  # nothing ran
+    assert (folder / "train.log").stat().st_mtime_ns == log_before.st_mtime_ns
+
+
+@pytest.mark.slow
+def test_another_seed_trains_in_its_own_folder(first_run):
+    work, folder = first_run["work"], first_run["folder"]
+    before = (folder / "checkpoint_last.pt").stat().st_mtime_ns
+    proc = start(work, first_run["raw"], "--seed", "2", log=work / "seed2.out")
+    out = finish(proc, work / "seed2.out")
+    (second,) = main_job.find_runs(work, "standin", "SST-2", "lora", seed=2)
+    assert second != folder and second.name.startswith("lr2e-4.seed2.")
+    assert "No existing checkpoint found" in out  # it never read the seed-1 run's checkpoint
+    ours, _ = trained(second)
+    assert ours.keys() == first_run["tensors"].keys()
+    assert not all(torch.equal(ours[k], first_run["tensors"][k]) for k in ours)
+    assert (folder / "checkpoint_last.pt").stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+def test_reprepares_when_raw_differs(first_run, tmp_path):
+    other = write_slice(tmp_path / "raw", first_run["raw"], {"train.tsv": 40, "dev.tsv": 16})
+    out = subprocess.run(
+        ["bash", str(RUN_SH), "SST-2", "--raw", str(other), "--work-dir", str(first_run["work"]), *SMALL, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "would be prepared (raw file(s) train.tsv differ by sha256" in out.stdout
+    assert "prepare_data.py SST-2 --raw " + str(other) in out.stdout and "--overwrite" in out.stdout
+
+
+@pytest.mark.slow
+def test_kill_then_the_same_command_resumes_to_the_same_weights(first_run):
+    """--restart, kill -9 once the update-3 checkpoint is written; the same command resumes from it and
+    ends with the tensors of the uninterrupted run (CPU, same seed: dropout is seeded per update)."""
+    work, folder = first_run["work"], first_run["folder"]
+    proc = start(work, first_run["raw"], "--restart", log=work / "killed.out")
+    deadline = time.time() + 600
+    while (folder / "results.json").exists() and time.time() < deadline:  # --restart removes the folder first
+        time.sleep(0.05)
+    while not (folder / "checkpoint_last.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _, state = trained(folder)
+    assert state["optimizer_history"][-1]["num_updates"] == 3 and not (folder / "results.json").exists()
+    assert "num_updates=3" in (folder / "train.log").read_text()  # the killed run's log is kept
+
+    proc = start(work, first_run["raw"], log=work / "resumed.out")
+    out = finish(proc, work / "resumed.out")
+    assert f"resuming from {folder / 'checkpoint_last.pt'} at update 3 of 6" in out
+    resumed, state = trained(folder)
+    assert state["optimizer_history"][-1]["num_updates"] == 6
+    assert resumed.keys() == first_run["tensors"].keys()
+    assert all(torch.equal(resumed[k], first_run["tensors"][k]) for k in resumed)
+    log = (folder / "train.log").read_text()
+    assert log.count("# ") >= 2 and "num_updates=1," in log and "num_updates=6," in log  # both sessions
