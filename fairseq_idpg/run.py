@@ -158,7 +158,7 @@ def known_dims(model):
 
 
 def sha256(path):
-    from fairseq_idpg.preprocessing.prepare import file_sha256
+    from fairseq_idpg.data.digest import file_sha256
 
     return file_sha256(path)
 

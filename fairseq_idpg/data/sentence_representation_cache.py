@@ -28,21 +28,9 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
+from .digest import file_sha256
+
 SLOT_SHIFT = 40  # example ids below 2**40; slots (one per loaded split) above
-_FILE_DIGESTS = {}
-
-
-def file_digest(path):
-    """sha256 of a file's content (memoised per path, size and mtime)."""
-    st = os.stat(path)
-    memo = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if memo not in _FILE_DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _FILE_DIGESTS[memo] = h.hexdigest()
-    return _FILE_DIGESTS[memo]
 
 
 def dataset_identity(data_dir, split, dataset, **settings):
@@ -52,7 +40,7 @@ def dataset_identity(data_dir, split, dataset, **settings):
         for ext in ("bin", "idx"):
             path = os.path.join(data_dir, column, f"{split}.{ext}")
             if os.path.exists(path):
-                files[f"{column}/{split}.{ext}"] = file_digest(path)
+                files[f"{column}/{split}.{ext}"] = file_sha256(path)
     if not files:
         raise FileNotFoundError(f"no binarized files for split {split!r} under {data_dir}")
     sizes = np.ascontiguousarray(np.asarray(dataset.sizes, dtype=np.int64))

@@ -15,7 +15,6 @@ sampling options; ``provenance_differences`` says why a prepared folder is not w
 options would prepare now (the main job, ``fairseq_idpg/run.py``, prepares again then).
 """
 
-import hashlib
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ..data.digest import file_sha256
 from ..data.task_info import TaskInfo
 from .formats import Example, PrepareError, TaskSpec, get_task
 
@@ -105,21 +105,6 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 # --- provenance --------------------------------------------------------------------------
-
-
-_DIGESTS: Dict[tuple, str] = {}  # (path, size, mtime) -> sha256, for this process
-
-
-def file_sha256(path) -> str:
-    stat = os.stat(path)
-    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        _DIGESTS[key] = digest.hexdigest()
-    return _DIGESTS[key]
 
 
 def bpe_files(bpe: str, bpe_dir: Optional[str] = None, vocab: Optional[str] = None) -> Dict[str, Path]:

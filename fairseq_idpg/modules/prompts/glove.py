@@ -17,10 +17,11 @@ the inputs contain are read, in one pass over the file per call that meets new w
 text-processing step (a loop over examples, like BPE encoding), never part of a training step.
 """
 
-import hashlib
 import string
 
 import numpy as np
+
+from fairseq_idpg.data.digest import file_sha256
 
 _STRIP = str.maketrans("", "", string.punctuation)
 
@@ -55,7 +56,6 @@ class GloveSentenceEncoder:
         self.dim = read_glove_dim(self.path)
         self.detokenizer = detokenizer
         self._vectors = {}  # word -> float32 [dim], or None when the file does not have it
-        self._digest = None
 
     def _load(self, words):
         wanted = {w for w in words if w not in self._vectors}
@@ -88,10 +88,4 @@ class GloveSentenceEncoder:
 
     def digest(self):
         """sha256 of the file (the cache key of the sentence vectors), computed once."""
-        if self._digest is None:
-            h = hashlib.sha256()
-            with open(self.path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            self._digest = h.hexdigest()
-        return self._digest
+        return file_sha256(self.path)
