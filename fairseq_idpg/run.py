@@ -323,6 +323,14 @@ def tee(cmd, log, progress=None, show=None, keep=False):
     return time.time() - start, "".join(lines)
 
 
+def console_script(name):
+    """``name`` (fairseq-validate, ...) of this interpreter's environment, else the one on PATH.
+    Not ``python -m fairseq_cli.validate``: as ``__main__`` the compatibility fixes of that module
+    (task and criterion from the checkpoint) would not apply."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else name
+
+
 def call(cmd):
     cmd = [str(c) for c in cmd]
     print("+ " + shlex.join(cmd), flush=True)
@@ -705,10 +713,10 @@ def job(args, extra, argv):
             if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
                 interval.unlink()
 
-    # fairseq-validate on this interpreter; the backbone where it is now (the checkpoint names the
-    # path it was trained with, which may have moved since)
+    # fairseq-validate of this interpreter's environment; the backbone where it is now (the
+    # checkpoint names the path it was trained with, which may have moved since)
     validate = [
-        sys.executable, "-m", "fairseq_cli.validate", data, "--user-dir", REPO / "fairseq_idpg",
+        console_script("fairseq-validate"), data, "--user-dir", REPO / "fairseq_idpg",
         "--path", save / "checkpoint_best.pt",
         "--valid-subset", ",".join(evals), "--batch-size", batch_size, "--num-workers", 0,
     ]  # fmt: skip

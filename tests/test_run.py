@@ -460,7 +460,7 @@ def test_same_command_again_reports_the_result_without_training(first_run):
     assert "cached: this configuration finished on" in out and str(folder / "results.json") in out
     score = json.loads((folder / "results.json").read_text())["score"]
     assert f"accuracy {score}" in out
-    assert "fairseq_idpg.launch" not in out and "fairseq_cli.validate" not in out  # nothing ran
+    assert "fairseq_idpg.launch" not in out and "fairseq-validate" not in out  # nothing ran
     assert (folder / "train.log").stat().st_mtime_ns == log_before.st_mtime_ns
 
 
