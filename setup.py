@@ -53,7 +53,11 @@ setup(
         "sacrebleu>=1.4.12",
         "tokenizers>=0.13",  # WordPiece for BERT-derived encoders (the offline stand-in)
         "safetensors",
+        "pyyaml",  # the published tables (fairseq_idpg/published/*.yaml)
+        "pandas",  # python -m fairseq_idpg.results
+        "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],
-    extras_require={"test": ["pytest", "transformers", "matplotlib", "ruff==0.17.6"]},
+    package_data={"fairseq_idpg": ["published/*.yaml"]},
+    extras_require={"test": ["pytest", "transformers", "ruff==0.17.6"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

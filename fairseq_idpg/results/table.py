@@ -1,0 +1,224 @@
+"""A paper's table from run rows (``records.read_records``): the lr chosen per cell, mean ± std over
+seeds of the reported split, the average over tasks, the published numbers beside.
+
+Selection (per cell = model, budget, task, label):
+- ``mean-dev`` (default, the IDPG protocol): the lr whose mean dev score over its seeds is best;
+  its seeds are reported.
+- ``best-per-seed`` (LM-BFF's ``tools/gather_result.py``): for each seed the lr with the best dev
+  score; the seeds' chosen runs are reported.
+
+Reported: the mean and the **sample** standard deviation (ddof = 1; none for one seed) over the
+chosen runs of the reported split's score, as the papers print it (the project's metrics are already
+x 100, ``fairseq_idpg/metrics.py``). A cell without runs is missing ("—"), never zero. The average
+column is the mean over the tasks a row has; a row missing some of the table's tasks gets its
+average marked "(k of N tasks)", and the published average beside it is the paper's numbers averaged
+over those same tasks.
+"""
+
+import math
+from typing import List, Optional, Sequence
+
+import pandas as pd
+
+from .records import CELL, REPLICATE
+
+SELECTIONS = ("mean-dev", "best-per-seed")
+SELECTION_TEXT = {
+    "mean-dev": "per cell, the lr with the best mean dev score over seeds (the IDPG protocol)",
+    "best-per-seed": "per cell and seed, the lr with the best dev score (LM-BFF's protocol)",
+}
+AVERAGE = "average"
+MISSING = "—"
+# the papers' column order (IDPG Table 1), then the rest of GLUE
+TASK_ORDER = ["MPQA", "SUBJ", "CR", "MR", "SST-2", "QNLI", "RTE", "MRPC", "STS-B", "QQP", "MNLI", "CoLA"]
+
+
+def choose_runs(runs: pd.DataFrame, selection: str = "mean-dev") -> pd.DataFrame:
+    """The runs each cell reports: those of its chosen lr (``mean-dev``) or each seed's best (``best-per-seed``).
+    Ties go to the smaller lr (the grid is searched from the top; a tie keeps the gentler step)."""
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
+    ordered = runs.sort_values(CELL + ["lr"] + REPLICATE, kind="stable")
+    if selection == "best-per-seed":
+        best = ordered.loc[ordered.groupby(CELL + REPLICATE, dropna=False, sort=False)["dev"].idxmax()]
+        return best.reset_index(drop=True)
+    by_lr = ordered.groupby(CELL + ["lr"], dropna=False, sort=False)["dev"].mean().reset_index()
+    chosen = by_lr.loc[by_lr.groupby(CELL, dropna=False, sort=False)["dev"].idxmax(), CELL + ["lr"]]
+    return ordered.merge(chosen, on=CELL + ["lr"]).reset_index(drop=True)
+
+
+def format_lr(lrs) -> str:
+    """One lr as ``5e-3``-style ``%g``; several (best-per-seed) as ``0.005 x3, 0.001 x2``."""
+    counts = pd.Series(list(lrs)).value_counts(sort=False).sort_index(ascending=False)
+    if len(counts) == 1:
+        return f"{counts.index[0]:g}"
+    return ", ".join(f"{lr:g} x{n}" for lr, n in counts.items())
+
+
+def cells(chosen: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured cell: method, metric, split, lr, n, mean, std (NaN for one seed)."""
+    grouped = chosen.groupby(CELL, dropna=False, sort=False)
+    out = grouped.agg(
+        method=("method", lambda s: "+".join(sorted(set(s)))),
+        metric=("metric", "first"),
+        split=("split", lambda s: "/".join(sorted(set(s)))),
+        lr=("lr", format_lr),
+        n=("reported", "size"),
+        mean=("reported", "mean"),
+        std=("reported", lambda s: s.std(ddof=1) if len(s) > 1 else math.nan),
+    )
+    return out.reset_index()
+
+
+def task_columns(tasks, first: Sequence[str] = ()) -> List[str]:
+    """The measured tasks in the order ``first`` gives, then IDPG's, then by name."""
+    order = list(first) + [t for t in TASK_ORDER if t not in first]
+    return sorted(set(tasks), key=lambda t: (order.index(t) if t in order else len(order), t))
+
+
+def row_labels(methods: pd.Series, labels: Sequence[str] = (), published_methods: Sequence[str] = ()) -> List[str]:
+    """Labels (``methods``: label -> method) in the given order, then the published table's row order, then by name."""
+    labels, published_methods = list(labels), list(published_methods)
+
+    def rank(label):
+        if label in labels:
+            return (0, labels.index(label), "")
+        method = methods[label]
+        return (1, published_methods.index(method) if method in published_methods else len(published_methods), label)
+
+    return sorted(methods.index, key=rank)
+
+
+def long_table(
+    measured: pd.DataFrame,
+    published: Optional[pd.DataFrame] = None,
+    labels: Sequence[str] = (),
+    tasks: Sequence[str] = (),
+) -> pd.DataFrame:
+    """Every (model, budget) group's full grid, long: one row per (label, task) including missing
+    cells (no mean), plus one ``average`` row per label; ``published`` / ``published_std`` beside.
+
+    ``published``: rows of ``published.lookup`` (budget, task, method, mean, std); ``labels``,
+    ``tasks``: the row and column order (a sweep spec's), before the published table's."""
+    order = list(tasks) + (_published_tasks(published) or [])
+    columns = CELL + ["method", "metric", "split", "lr", "n", "mean", "std", "published", "published_std"]
+    blocks = []
+    for (model, budget), group in measured.groupby(["model", "budget"], sort=False):
+        task_names = task_columns(group["task"], order)
+        methods = group.groupby("label")["method"].first()
+        label_names = row_labels(methods, labels, _published_methods(published) or [])
+        grid = pd.MultiIndex.from_product([label_names, task_names], names=["label", "task"]).to_frame(index=False)
+        grid.insert(0, "budget", budget)
+        grid.insert(0, "model", model)
+        full = grid.merge(group, on=CELL, how="left")
+        full["method"] = full["label"].map(methods)
+        full["metric"] = full["task"].map(group.groupby("task")["metric"].first())
+        full = _with_published(full, published)
+        blocks.append(full)
+        blocks.append(_averages(full, task_names))
+    if not blocks:
+        return pd.DataFrame(columns=columns)
+    return pd.concat(blocks, ignore_index=True)[columns]
+
+
+def _published_tasks(published):
+    return None if published is None else list(dict.fromkeys(published["task"]))
+
+
+def _published_methods(published):
+    return None if published is None else list(dict.fromkeys(published["method"]))
+
+
+def _with_published(full: pd.DataFrame, published: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """``published`` / ``published_std`` by (budget, task, method), else by the label as a method name."""
+    full = full.assign(published=math.nan, published_std=math.nan)
+    if published is None or published.empty:
+        return full
+    index = published.drop_duplicates(["budget", "task", "method"]).set_index(["budget", "task", "method"])
+    for i, row in full.iterrows():
+        for name in (row["method"], row["label"]):
+            key = (row["budget"], row["task"], name)
+            if key in index.index:
+                full.loc[i, "published"] = index.loc[key, "mean"]
+                full.loc[i, "published_std"] = index.loc[key, "std"]
+                break
+    return full
+
+
+def _averages(full: pd.DataFrame, tasks: List[str]) -> pd.DataFrame:
+    """Per label: the mean over its measured tasks (``n``: how many) and the published mean over the same tasks."""
+    rows = []
+    for label, cells_ in full.groupby("label", sort=False):
+        measured = cells_.dropna(subset=["mean"])
+        paper = measured["published"]
+        rows.append({
+            "model": cells_["model"].iloc[0], "budget": cells_["budget"].iloc[0], "task": AVERAGE, "label": label,
+            "method": cells_["method"].iloc[0], "metric": "", "split": "", "lr": "",
+            "n": len(measured), "mean": measured["mean"].mean() if len(measured) else math.nan, "std": math.nan,
+            "published": paper.mean() if len(paper) and paper.notna().all() else math.nan, "published_std": math.nan,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------- Markdown
+def score_text(mean, std, published=math.nan, digits=1) -> str:
+    if pd.isna(mean):
+        return MISSING
+    text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if pd.notna(std) else "")
+    return text + (f" (paper {published:.{digits}f})" if pd.notna(published) else "")
+
+
+def lr_text(cell: pd.Series) -> str:
+    """``0.005 (n 3)``: the chosen lr and the seed count of a cell."""
+    return MISSING if pd.isna(cell["mean"]) else f"{cell['lr']} (n {cell['n']:.0f})"
+
+
+def average_text(average: pd.Series, tasks: int) -> str:
+    """``85.0 (paper 86.1)``; ``85.0 (2 of 3 tasks) (paper 86.1)`` for a row with fewer tasks."""
+    if pd.isna(average["mean"]):
+        return MISSING
+    fewer = f" ({average['n']:.0f} of {tasks} tasks)" if average["n"] < tasks else ""
+    paper = f" (paper {average['published']:.1f})" if pd.notna(average["published"]) else ""
+    return f"{average['mean']:.1f}{fewer}{paper}"
+
+
+def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Optional[str] = None) -> str:
+    """The tables as Markdown: per (model, budget) the scores (rows: labels, columns: tasks and the
+    average) and the chosen lr with the seed count per cell, then how they were made."""
+    out = []
+    for (model, budget), group in long.groupby(["model", "budget"], sort=False):
+        measured = group[group["task"] != AVERAGE]
+        tasks = list(dict.fromkeys(measured["task"]))
+        labels = list(dict.fromkeys(measured["label"]))
+        cell = measured.set_index(["label", "task"])
+        average = group[group["task"] == AVERAGE].set_index("label")
+        metrics = {t: _first(measured.loc[measured["task"] == t, "metric"]) for t in tasks}
+        splits = {t: _first(measured.loc[measured["task"] == t, "split"]) for t in tasks}
+        out.append(f"## {model}, {'full data' if budget == 'full' else budget}\n")
+        out.append("| method | " + " | ".join(f"{t} ({metrics[t]})" for t in tasks) + " | average |")
+        out.append("|---|" + "---:|" * (len(tasks) + 1))
+        for label in labels:
+            scores = [score_text(*cell.loc[(label, t), ["mean", "std", "published"]]) for t in tasks]
+            out.append(f"| {label} | " + " | ".join(scores) + f" | {average_text(average.loc[label], len(tasks))} |")
+        out.append("")
+        out.append("Chosen lr (seeds):\n")
+        out.append("| method | " + " | ".join(tasks) + " |")
+        out.append("|---|" + "---:|" * len(tasks))
+        for label in labels:
+            chosen = [lr_text(cell.loc[(label, t)]) for t in tasks]
+            out.append(f"| {label} | " + " | ".join(chosen) + " |")
+        out.append("")
+        out.append("Reported split: " + ", ".join(f"{t} {splits[t] or MISSING}" for t in tasks) + ".\n")
+    out.append(
+        f"Selection: {SELECTION_TEXT[selection]}. Each cell: mean ± sample std (ddof = 1; none for one seed) over "
+        "seeds of the reported split: the official test set where the records have one (sampled dev sets), "
+        f"else the selection dev split (the papers report GLUE dev). {MISSING}: no run. The average is over the "
+        "tasks a row has; '(k of N tasks)' marks a row with fewer."
+        + (f" (paper x): {published_text}; its average is over the same tasks as the row's." if published_text else "")
+    )  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def _first(values):
+    values = [v for v in values if isinstance(v, str) and v]
+    return "/".join(dict.fromkeys(values)) if values else ""
