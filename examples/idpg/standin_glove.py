@@ -2,7 +2,7 @@
 """Write an offline stand-in for glove.6B.300d.txt, for M-IDPG-PHM-GloVe runs on machines that
 cannot download GloVe (the development machines). It is NOT GloVe:
 
-    python scripts/idpg/standin_glove.py [--model models/minilm-l6-fairseq] \
+    python examples/idpg/standin_glove.py [--model models/minilm-l6-fairseq] \
         [--out models/glove-standin/glove.standin.300d.txt]
 
 Static word vectors, in the GloVe text format: the input embeddings of the stand-in encoder
