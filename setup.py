@@ -53,7 +53,8 @@ setup(
         "sacrebleu>=1.4.12",
         "tokenizers>=0.13",  # WordPiece for BERT-derived encoders (the offline stand-in)
         "safetensors",
-        "pyyaml",  # the published tables (fairseq_idpg/published/*.yaml)
+        "pyyaml",  # sweep specifications, the published tables (fairseq_idpg/published/*.yaml)
+        "submitit",  # sweeps on Slurm (fairseq_idpg/sweep.py --executor slurm)
         "pandas",  # python -m fairseq_idpg.results
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],

@@ -54,6 +54,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -175,29 +176,22 @@ def checkpoint_updates(path):
 
 
 # ---------------------------------------------------------------------------------------- results
-def number(text):
-    """fairseq's printed value as a number (int when it has no fraction); other text unchanged."""
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
-
-
 def parse_valid_line(text):
-    """The metrics of the last ``valid on 'X' subset | k v | ...`` line per subset, as numbers."""
-    results = {}
-    for line in text.splitlines():
-        m = re.search(r"valid on '([^']+)' subset \| (.*)$", line)
-        if m:
-            fields = [f.strip().split(" ", 1) for f in m.group(2).split("|")]
-            results[m.group(1)] = {k: number(v.strip()) for k, v in (f for f in fields if len(f) == 2)}
-    return results
+    """``{subset: {metric: number}}`` of the last score line per subset in a fairseq log (json or simple)."""
+    from fairseq_idpg.logs import read_log
+
+    return {e.tag: e.stats for e in read_log(text) if re.fullmatch(r"valid\d*|test\d*", e.tag)}
 
 
 SHOWN_METRICS = ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")
+
+
+def learning_curve(log):
+    """The validations of a train.log, the last one per (split, updates): a resumed run repeats some."""
+    from fairseq_idpg.logs import curve
+
+    points = {(c["split"], c["updates"]): c for c in curve(log, SHOWN_METRICS)}
+    return sorted(points.values(), key=lambda c: (c["updates"], c["split"]))
 
 
 def show_scores(results, metric):
@@ -249,15 +243,15 @@ class Progress:
     times the seconds per update seen since the first such line (before that: fairseq's wall
     clock over its updates)."""
 
-    UPDATES = re.compile(r"num_updates[= ](\d+)")
-    WALL = re.compile(r"\bwall[= ]([\d.]+)")
+    UPDATES = re.compile(r"\bnum_updates\"?[=: ]+\"?(\d+)")  # simple and json formats
+    WALL = re.compile(r"\bwall\"?[=: ]+\"?([\d.]+)")
 
     def __init__(self, total_updates, clock=time.monotonic):
         self.total, self.clock, self.first = total_updates, clock, None
 
     def annotate(self, line):
         found = self.UPDATES.search(line)
-        if not found or "valid on" in line:
+        if not found or "valid on" in line or '"valid' in line:
             return line
         done, now = int(found.group(1)), self.clock()
         if self.first is None:
@@ -475,7 +469,44 @@ def main(argv=None):
         return 130 if str(e).startswith("interrupted") else 2
 
 
+@dataclasses.dataclass
+class Plan:
+    """One run, decided but not started: its configuration, folder and commands."""
+
+    args: argparse.Namespace
+    argv: list
+    task: str
+    method: Any
+    config: dict
+    folder: Path  # the run folder (its name holds "<hash>" until the model and data exist)
+    complete: bool  # the hash is known
+    train: list  # the launcher + fairseq-train command
+    data: Path
+    model_dir: Path
+    evals: list  # the dev/test splits fairseq-validate scores
+    batch_size: int
+    timings: dict
+    start: float
+
+    @property
+    def finished(self):
+        return self.complete and (self.folder / "results.json").is_file()
+
+
 def job(args, extra, argv):
+    p = plan(args, extra, argv)
+    if args.dry_run:
+        if not p.complete:
+            print("  (<hash> is known once the model file and the prepared data exist)")
+        if args.restart and p.folder.exists():
+            print(f"--restart would remove {p.folder}")
+        print("+ " + shlex.join(p.train))
+        return 0
+    return execute(p)
+
+
+def plan(args, extra, argv):
+    """Check the request, prepare the data if needed, and decide the run (printing what it will be)."""
     check_values(args)  # before anything is imported or run
     from fairseq_idpg.launch import layout
     from fairseq_idpg.methods import METHODS
@@ -644,7 +675,7 @@ def job(args, extra, argv):
         "--valid-subset", ",".join(valid_subset),
         "--best-checkpoint-metric", metric, "--maximize-best-checkpoint-metric",
         "--save-dir", save, "--no-epoch-checkpoints", *intervals, "--seed", args.seed,
-        "--log-format", "simple", "--log-interval", max(1, min(100, updates // 30)), "--num-workers", 0,
+        "--log-format", "json", "--log-interval", max(1, min(100, updates // 30)), "--num-workers", 0,
     ]
     # fmt: on
     if regression:
@@ -669,13 +700,19 @@ def job(args, extra, argv):
     overridden = [f for f in ("--clip-norm", "--lr-scheduler", "--warmup-updates", "--weight-decay") if f in extra]
     print(f"budget: {budget}" + (f" (flags given override {', '.join(overridden)})" if overridden else ""))
     print(f"run folder: {save}", flush=True)
-    if dry:
-        if not complete:
-            print("  (<hash> is known once the model file and the prepared data exist)")
-        if args.restart and save.exists():
-            print(f"--restart would remove {save}")
-        print("+ " + shlex.join(launch))
-        return 0
+    scored = evals + [s for s in splits if re.fullmatch(r"test\d*", s)]
+    return Plan(
+        args, argv, task, method, config, save, complete, launch, data, mdir, scored, batch_size, timings, start
+    )
+
+
+def execute(p):
+    """Train (or resume) and score the planned run; results.json marks it finished."""
+    args, argv, save, config, task, method = p.args, p.argv, p.folder, p.config, p.task, p.method
+    updates, batch, lr = config["updates"], config["batch"], config["lr"]
+    metric, select = config["metric"], config["select_on"]
+    timings, data, mdir, batch_size, start = p.timings, p.data, p.model_dir, p.batch_size, p.start
+    from fairseq_idpg.logs import validate_scores
 
     # --- this configuration's state: finished, interrupted, or new
     results_file, last = save / "results.json", save / "checkpoint_last.pt"
@@ -706,7 +743,7 @@ def job(args, extra, argv):
     if not trained:
         with open(save / "train.log", "a", encoding="utf-8") as f:
             f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(argv)}\n")
-        timings["train"], _ = tee(launch, save / "train.log", progress=Progress(updates))
+        timings["train"], _ = tee(p.train, save / "train.log", progress=Progress(updates))
         timings["train"] = round(timings["train"], 1)
         # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
         for interval in save.glob("checkpoint_*_*.pt"):
@@ -718,7 +755,8 @@ def job(args, extra, argv):
     validate = [
         console_script("fairseq-validate"), data, "--user-dir", REPO / "fairseq_idpg",
         "--path", save / "checkpoint_best.pt",
-        "--valid-subset", ",".join(evals), "--batch-size", batch_size, "--num-workers", 0,
+        "--valid-subset", ",".join(p.evals), "--batch-size", batch_size, "--num-workers", 0,
+        "--log-format", "json", "--log-interval", 10**9,  # one json line per subset, in order
     ]  # fmt: skip
     if method.frozen_backbone:
         validate += ["--model-overrides", repr({"backbone": str(mdir / "model.pt")})]
@@ -726,9 +764,12 @@ def job(args, extra, argv):
         validate += ["--max-tokens", args.max_tokens]
     if not _cuda():
         validate.append("--cpu")
-    seconds, out = tee(validate, save / "validate.log", show=lambda line: "valid on" in line, keep=True)
+    seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True)
     timings["validate"] = round(seconds, 1)
-    results = parse_valid_line(out)
+    try:
+        results = validate_scores(out, p.evals)
+    except ValueError as e:
+        raise RunError(f"{e} (see {save / 'validate.log'})") from None
     if select not in results:
         raise RunError(f"fairseq-validate printed no score for {select} (see {save / 'validate.log'})")
 
@@ -753,6 +794,8 @@ def job(args, extra, argv):
         "run": save.name,
         "git": git_state(),
         "timings": timings,
+        # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
+        "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": shlex.join(["scripts/run.sh", *argv]),
     }

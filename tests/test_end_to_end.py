@@ -5,7 +5,6 @@ fairseq RoBERTa format: a 6-layer BERT standing in for roberta.large), and the l
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from fairseq_idpg.logs import validate_scores, validations
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -91,12 +92,18 @@ def test_each_task_runs_with_its_metric(work_dir, task, metric):
     assert results["metric"] == metric
     value = results["results"]["valid"][metric]
     # the number fairseq-validate printed for checkpoint_best, stored as a number and shown to the user
-    printed = re.findall(rf"valid on 'valid' subset \|.* \| {metric} ([-\d.]+) ", (folder / "validate.log").read_text())
-    assert isinstance(value, (int, float)) and printed and value == float(printed[-1]) == results["score"]
+    printed = validate_scores((folder / "validate.log").read_text(), ["valid"])["valid"][metric]
+    assert isinstance(value, (int, float)) and value == printed == results["score"]
     assert f"{metric} {value}" in stdout
     # and the one fairseq-train's (only) validation printed: checkpoint_best is the model that was scored
-    trained = re.findall(rf"valid on 'valid' subset \|.* \| {metric} ([-\d.]+) ", (folder / "train.log").read_text())
-    assert len(trained) == 1 and float(trained[0]) == value
+    trained = [e.stats[metric] for e in validations((folder / "train.log").read_text())]
+    assert trained == [value] and results["curve"] == [{"updates": 20, "split": "valid", **_shown(results)}]
+
+
+def _shown(results):
+    from fairseq_idpg.run import SHOWN_METRICS
+
+    return {k: v for k, v in results["results"]["valid"].items() if k in SHOWN_METRICS}
 
 
 def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):

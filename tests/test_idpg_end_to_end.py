@@ -4,7 +4,6 @@ converted to fairseq RoBERTa format, standing in for roberta.large), then ``from
 predicting from the compact checkpoint. Slow; CI runs it."""
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from fairseq_idpg.logs import validations
 from fairseq_idpg.run import find_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +54,8 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, tmp_path):
     assert "valid: " in out.stdout and results["config"]["extra_args"][-2:] == ["--idpg-cache-dir", str(cache)]
     # fairseq-validate of the compact checkpoint (rebuilt on the frozen stand-in, M(x) from the cache) gives
     # exactly the accuracy fairseq-train's validation printed for the model it saved
-    trained = re.findall(r"valid on 'valid' subset \|.* \| accuracy ([\d.]+) ", (save / "train.log").read_text())
-    assert len(trained) == 1 and results["score"] == float(trained[0])
+    trained = [e.stats["accuracy"] for e in validations((save / "train.log").read_text())]
+    assert trained == [results["score"]]
 
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
     assert not any(k.startswith("encoder.") for k in state["model"])  # generator + head + fingerprint

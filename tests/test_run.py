@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fairseq_idpg import run as main_job
+from fairseq_idpg.logs import validations
 from fairseq_idpg.methods import FINETUNE_TABLE, METHODS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,7 +253,7 @@ def test_scores_are_numbers():
 
 # ---------------------------------------------------------------------------------------- live output
 def test_eta_from_the_rate_of_updates():
-    clock = iter([100.0, 110.0, 130.0]).__next__
+    clock = iter([100.0, 110.0, 130.0, 160.0]).__next__
     progress = main_job.Progress(100, clock=clock)
     assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
         "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
@@ -260,6 +261,11 @@ def test_eta_from_the_rate_of_updates():
     assert progress.annotate("num_updates=20, wall=30").endswith("| eta 1m20s")  # 10 s per 10 updates seen
     assert progress.annotate("valid on 'valid' subset | num_updates 20") == "valid on 'valid' subset | num_updates 20"
     assert progress.annotate("train | epoch 001 | num_updates 40 | wall 60").endswith("| eta 1m00s")  # 30 s / 30
+    # --log-format json, as run.py trains: training lines annotated, validation lines not
+    json_line = 'x | train_inner | {"epoch": 1, "loss": "0.7", "num_updates": "70", "wall": "90"}'
+    assert progress.annotate(json_line).endswith("| eta 30s")  # 30 left x 60 s / 60
+    valid = 'x | valid | {"epoch": 1, "valid_accuracy": "70", "valid_num_updates": "70"}'
+    assert progress.annotate(valid) == valid
 
 
 CHILD = (  # fairseq-like log lines, 0.4 s apart
@@ -432,7 +438,7 @@ def test_first_run_live_log_results_and_folder(first_run):
     assert re.fullmatch(r"lr2e-4\.seed1\.[0-9a-f]{8}", folder.name)
     final = (folder / "train.log").stat().st_size
     assert len({s for s in sizes if 0 < s < final}) >= 5  # train.log grew while fairseq-train ran
-    assert re.search(r"num_updates=3, .* \| eta \d+[hms]", out)  # progress with the time left on the terminal
+    assert re.search(r'"num_updates": "3", .* \| eta \d+[hms]', out)  # progress with the time left on the terminal
     results = json.loads((folder / "results.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     assert results["config"] == config and config["seed"] == 1 and config["updates"] == 6 and config["batch"] == 8
@@ -442,8 +448,12 @@ def test_first_run_live_log_results_and_folder(first_run):
     assert all(isinstance(v, float) for v in results["timings"].values()) and results["timings"]["train"] > 0
     validated = main_job.parse_valid_line((folder / "validate.log").read_text())
     assert results["score"] == validated["valid"]["accuracy"]  # what fairseq-validate printed
-    best = max(float(m) for m in re.findall(r"valid on 'valid' subset .*?\| accuracy ([\d.]+)", out))
-    assert results["score"] == best  # checkpoint_best scores what fairseq-train's best validation did
+    trained = validations((folder / "train.log").read_text())  # fairseq-train's --log-format json lines
+    assert results["score"] == max(e.stats["accuracy"] for e in trained)  # checkpoint_best was scored
+    assert [(c["updates"], c["accuracy"]) for c in results["curve"]] == [
+        (3, trained[0].stats["accuracy"]),
+        (6, trained[1].stats["accuracy"]),
+    ]
     git = results["git"]
     assert git is None or (re.fullmatch(r"[0-9a-f]{40}", git["commit"]) and git["dirty"] in (True, False))
     assert results["command"].startswith("scripts/run.sh SST-2 --raw ")

@@ -1,0 +1,94 @@
+"""fairseq's logged statistics as numbers: the ``--log-format json`` lines the main job writes, and
+the ``simple`` format of older logs.
+
+    2026-11-23 05:38:14 | INFO | valid | {"epoch": 1, "valid_loss": "0.69", "valid_accuracy": "71.2",
+                                         "valid_num_updates": "100", ...}
+    2026-11-23 05:38:14 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 0.69 | accuracy 71.2 | ...
+
+Both give ``Entry(tag="valid", stats={"loss": 0.69, "accuracy": 71.2, "num_updates": 100, ...})``:
+the tag is the subset (or ``train_inner`` / ``train``), the keys lose their ``<tag>_`` prefix, and
+fairseq's printed values (``"{:g}"`` strings) become ints or floats. fairseq-validate's json lines
+carry no subset name (its progress bar prints without a tag); ``validate_scores`` pairs them with
+the subsets in the order they were asked for.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Dict, List
+
+SIMPLE_VALID = re.compile(r"valid on '([^']+)' subset \| (.*)$")
+JSON_LINE = re.compile(r"\| ([\w.]+) \| (\{.*\})\s*$")
+
+
+@dataclass
+class Entry:
+    tag: str
+    stats: Dict[str, object]
+
+
+def number(text):
+    """fairseq's printed value as a number (int when it has no fraction); other values unchanged."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def read_log(text: str) -> List[Entry]:
+    """Every statistics line of a fairseq log, in order (json and simple formats)."""
+    entries = []
+    for line in text.splitlines():
+        simple = SIMPLE_VALID.search(line)
+        if simple:
+            fields = [f.strip().split(" ", 1) for f in simple.group(2).split("|")]
+            entries.append(
+                Entry(simple.group(1), {k: number(v.strip()) for k, v in (f for f in fields if len(f) == 2)})
+            )
+            continue
+        found = JSON_LINE.search(line)
+        if not found:
+            continue
+        try:
+            stats = json.loads(found.group(2))
+        except json.JSONDecodeError:
+            continue
+        tag = found.group(1)
+        prefix = tag + "_"
+        entries.append(
+            Entry(tag, {k[len(prefix) :] if k.startswith(prefix) else k: number(v) for k, v in stats.items()})
+        )
+    return entries
+
+
+def validations(text: str) -> List[Entry]:
+    """The dev-set evaluations fairseq-train logged (subsets ``valid``, ``valid1``, ...), in order."""
+    return [e for e in read_log(text) if re.fullmatch(r"valid\d*|test\d*", e.tag) and "num_updates" in e.stats]
+
+
+def curve(text: str, metrics) -> List[dict]:
+    """``[{"updates": 100, "split": "valid", "accuracy": 71.2, "loss": 0.69}, ...]`` from a fairseq-train
+    log: each validation with the named metrics it has."""
+    return [
+        {"updates": e.stats["num_updates"], "split": e.tag, **{m: e.stats[m] for m in metrics if m in e.stats}}
+        for e in validations(text)
+    ]
+
+
+def validate_scores(text: str, subsets) -> Dict[str, dict]:
+    """``{subset: stats}`` from fairseq-validate's output (``--log-format json``, whose lines name no
+    subset, so they are taken in the order of ``subsets``; or the simple format, which names them).
+    Raises ValueError when the number of score lines is not the number of subsets."""
+    entries = read_log(text)
+    named = [e for e in entries if e.tag in subsets]
+    if named:
+        return {e.tag: e.stats for e in named}
+    scored = [e for e in entries if e.tag.startswith("fairseq") and "loss" in e.stats]
+    if len(scored) != len(subsets):
+        raise ValueError(f"fairseq-validate printed {len(scored)} score line(s) for {len(subsets)} subset(s)")
+    return {subset: e.stats for subset, e in zip(subsets, scored)}

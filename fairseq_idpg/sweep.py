@@ -1,0 +1,677 @@
+"""A paper's table as one command: every run of a sweep specification, in parallel, on the local
+devices or a Slurm cluster; finished runs skipped, interrupted ones resumed, failures listed.
+
+    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large --dry-run   # the plan
+    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large             # one run per GPU
+    python -m fairseq_idpg.sweep examples/idpg/smoke.yaml --jobs 2                           # 2 CPU runs at a time
+    python -m fairseq_idpg.sweep SPEC --executor slurm --partition P --gpus-per-run 1 --time 240 --mem 32
+    python -m fairseq_idpg.results WORK/sweeps/<name>/records --published idpg-table1     # the table
+
+A specification is a YAML file (``examples/*/``)::
+
+    name: idpg-table1                 # logs and records go to WORK/sweeps/<name>/
+    description: IDPG Table 1         # one line
+    model: roberta.large              # standin | roberta.base | roberta.large | a folder (--model wins)
+    published: idpg-table1            # the paper's table the results command puts beside (optional)
+    tasks: [RTE, MRPC]
+    methods:                          # method records, or variants of them
+      - m-idpg-phm
+      - {label: m-idpg-phm-pos1, method: m-idpg-phm, args: [--prompt-position, 1]}
+    lrs: paper                        # paper (default): the recipe's grid; recipe: its one lr; or a list
+    seeds: [1, 2, 3, 4, 5]
+    budget: full                      # or {few_shot: [100, 500, 1000], data_seed: seed} or {dev_from_train: N}
+    max_update: 300                   # optional: every run's updates (smoke versions)
+    args: []                          # optional: fairseq-train flags for every run
+
+A variant (a mapping in ``methods``) may also set its own ``lrs``, ``seeds``, ``tasks``,
+``max_update``. A run is one ``scripts/run.sh TASK --method M --lr X --seed S ...`` (fairseq_idpg/run.py),
+whose folder is named by its configuration's hash: the sweep decides every run first (preparing
+the data each needs, one folder at a time), skips those with a ``results.json``, and starts the
+others; an interrupted run resumes from its ``checkpoint_last.pt`` the next time. Each finished
+run's ``results.json`` is copied, with its label, to the records folder (``--records``), which the
+results command reads.
+
+Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVICES`` pinned per run;
+``--runs-per-gpu K`` packs K runs on a device), or ``--jobs K`` CPU runs with the cores split between
+them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, at most
+``--array-parallelism`` at a time) and follows it. A failed run's log tail is kept in
+``WORK/sweeps/<name>/failures.json`` and listed at the end; the others go on.
+"""
+
+import argparse
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stdout
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from fairseq_idpg import run as main_job
+
+SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
+SPEC_KEYS |= {"max_update", "args"}
+VARIANT_KEYS = {"label", "method", "args", "lrs", "seeds", "tasks", "max_update"}
+BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
+
+
+class SweepError(Exception):
+    """A bad specification or request, reported as one line before anything runs."""
+
+
+# ---------------------------------------------------------------------------------------- the specification
+@dataclass(frozen=True)
+class Run:
+    """One cell entry: a method (under its table label) on a task at one lr, seed and data budget."""
+
+    task: str
+    label: str
+    method: str
+    lr: Optional[float]  # None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
+    seed: int
+    few_shot: Optional[int] = None
+    dev_from_train: Optional[int] = None
+    data_seed: int = 1
+    max_update: Optional[int] = None
+    args: Tuple[str, ...] = ()
+
+    @property
+    def budget(self):
+        if self.few_shot is not None:
+            return f"K={self.few_shot}"
+        return f"dev{self.dev_from_train}" if self.dev_from_train is not None else "full"
+
+    @property
+    def name(self):
+        lr = f"lr{main_job.format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
+        data = f".data{self.data_seed}" if self.budget != "full" else ""
+        return f"{self.task}.{self.label}.{self.budget}.{lr}.seed{self.seed}{data}"
+
+    def argv(self, model, work_dir):
+        """run.py's command line."""
+        argv = [self.task, "--method", self.method, "--model", model, "--seed", str(self.seed)]
+        argv += ["--lr", repr(self.lr)] if self.lr is not None else []
+        if self.few_shot is not None:
+            argv += ["--few-shot", str(self.few_shot), "--data-seed", str(self.data_seed)]
+        if self.dev_from_train is not None:
+            argv += ["--dev-from-train", str(self.dev_from_train), "--data-seed", str(self.data_seed)]
+        argv += ["--max-update", str(self.max_update)] if self.max_update is not None else []
+        return argv + ["--work-dir", str(work_dir), *self.args]
+
+
+@dataclass
+class Spec:
+    name: str
+    path: Path
+    description: str = ""
+    model: str = "standin"
+    published: Optional[str] = None
+    runs: List[Run] = field(default_factory=list)
+
+
+def _list(value, where, kind):
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SweepError(f"{where}: {v!r} is not an integer")
+        if kind is float and not _positive(v):
+            raise SweepError(f"{where}: {v!r} is not a positive number")
+        if kind is str and not isinstance(v, str):
+            raise SweepError(f"{where}: {v!r} is not a name")
+    return values
+
+
+def _positive(value):
+    """YAML 1.1 reads 5e-3 as text (a float needs a dot there): numbers in either form."""
+    try:
+        return not isinstance(value, bool) and float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _unknown(mapping, valid, where):
+    extra = sorted(set(mapping) - valid)
+    if extra:
+        raise SweepError(f"{where}: unknown key {extra[0]!r}; valid: {', '.join(sorted(valid))}")
+
+
+def _task(name, where):
+    try:
+        return main_job.canonical_task(str(name))
+    except main_job.RunError as e:
+        raise SweepError(f"{where}: {e}") from None
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _lrs(value, method, task, where):
+    """The learning rates a run list gets: the recipe's grid, its one lr (None), or the list given."""
+    if value in (None, "paper"):
+        recipe = method.recipe.for_task(task)
+        return list(recipe.lr_grid) or [None]
+    if value == "recipe":
+        return [None]
+    if isinstance(value, str):
+        raise SweepError(f"{where}: lrs {value!r}; valid: paper, recipe, or a list of numbers")
+    return [float(v) for v in _list(value, where, float)]
+
+
+def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update=None):
+    """The specification at ``path`` as its list of runs (``tasks``, ``methods``, ``seeds`` narrow it;
+    ``model`` and ``max_update`` override it). SweepError names the key and what is valid."""
+    import yaml
+
+    from fairseq_idpg.methods import METHODS
+
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such specification file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: a specification is a mapping with keys {', '.join(sorted(SPEC_KEYS))}")
+    _unknown(data, SPEC_KEYS, str(path))
+    for key in ("name", "tasks", "methods"):
+        if not data.get(key):
+            raise SweepError(f"{path}: {key!r} is missing")
+    spec = Spec(str(data["name"]), path, str(data.get("description", "")), model or data.get("model", "standin"))
+    spec.published = data.get("published")
+    all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
+    budget = data.get("budget", "full")
+    if budget == "full":
+        budgets = [{}]
+    elif isinstance(budget, dict):
+        _unknown(budget, BUDGET_KEYS, f"{path}: budget")
+        if "few_shot" in budget and "dev_from_train" in budget:
+            raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
+        data_seed = budget.get("data_seed", "seed")
+        if data_seed != "seed":
+            _list(data_seed, f"{path}: budget.data_seed", int)
+        if "few_shot" in budget:
+            budgets = [{"few_shot": k, "data_seed": data_seed} for k in _list(budget["few_shot"], path, int)]
+        elif "dev_from_train" in budget:
+            budgets = [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
+        else:
+            raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
+    else:
+        raise SweepError(f"{path}: budget {budget!r}; valid: full, or a mapping with few_shot or dev_from_train")
+    base_args = [str(a) for a in _list(data.get("args", []), f"{path}: args", object)] if data.get("args") else []
+    labels = set()
+    for entry in _list(data["methods"], f"{path}: methods", object):
+        variant = {"method": entry} if isinstance(entry, str) else entry
+        if not isinstance(variant, dict):
+            raise SweepError(f"{path}: methods: {entry!r} is neither a method name nor a mapping")
+        _unknown(variant, VARIANT_KEYS, f"{path}: methods: {variant.get('label', variant.get('method'))}")
+        name = variant.get("method")
+        if name not in METHODS:
+            raise SweepError(f"{path}: methods: unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
+        label = str(variant.get("label", name))
+        if label in labels:
+            raise SweepError(f"{path}: methods: the label {label!r} is used twice (give variants their own label)")
+        labels.add(label)
+        where = f"{path}: {label}"
+        var_tasks = all_tasks
+        if "tasks" in variant:
+            var_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)]
+        run_seeds = _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
+        updates = variant.get("max_update", data.get("max_update"))
+        if updates is not None:
+            _list(updates, f"{where}: max_update", int)
+        if max_update is not None:
+            updates = max_update
+        args = tuple(base_args + [str(a) for a in variant.get("args", [])])
+        for task in var_tasks:
+            if tasks and task not in tasks:
+                continue
+            if methods and label not in methods and name not in methods:
+                continue
+            for b in budgets:
+                for lr in _lrs(variant.get("lrs", data.get("lrs")), METHODS[name], task, f"{where}: lrs"):
+                    for seed in run_seeds:
+                        if seeds and seed not in seeds:
+                            continue
+                        data_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
+                        spec.runs.append(
+                            Run(
+                                task,
+                                label,
+                                name,
+                                lr,
+                                seed,
+                                b.get("few_shot"),
+                                b.get("dev_from_train"),
+                                data_seed,
+                                updates,
+                                args,
+                            )  # fmt: skip
+                        )
+    if not spec.runs:
+        raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
+    return spec
+
+
+# ---------------------------------------------------------------------------------------- planning
+def plan_run(run, model, work_dir, dry):
+    """run.py's plan of one run (its folder, configuration and commands), its output kept quiet."""
+    argv = run.argv(model, work_dir) + (["--dry-run"] if dry else [])
+    args, extra = main_job.parse_args(argv)
+    out = StringIO()
+    try:
+        with redirect_stdout(out):
+            return main_job.plan(args, extra, argv)
+    except main_job.RunError as e:
+        raise SweepError(f"{run.name}: {e}") from None
+    except SystemExit:
+        raise SweepError(f"{run.name}: {out.getvalue().strip().splitlines()[-1:]}") from None
+
+
+def describe(run, p):
+    c = p.config
+    epochs = f"{c['epochs']:g} epochs = " if c["epochs"] is not None else ""
+    return (
+        f"{run.task:6} {run.label:22} {run.budget:7} lr {c['lr']:<8g} seed {run.seed}  "
+        f"batch {c['batch']}, {epochs}{c['updates']:,} updates  -> {p.folder}"
+    )
+
+
+def summary(spec, runs):
+    """'10 tasks x 12 methods ... = N runs' with the count per method."""
+    lines, by_label = [], {}
+    for r in runs:
+        by_label.setdefault(r.label, []).append(r)
+    for label, rs in by_label.items():
+        n_tasks, n_budgets = len({r.task for r in rs}), len({r.budget for r in rs})
+        n_lrs, n_seeds = len({r.lr for r in rs}), len({r.seed for r in rs})
+        product = n_tasks * n_budgets * n_lrs * n_seeds
+        shape = f"{n_tasks} task(s) x {n_lrs} lr(s) x {n_seeds} seed(s)" + (
+            f" x {n_budgets} budgets" if n_budgets > 1 else ""
+        )
+        note = "" if product == len(rs) else " (lr grids differ per task)"
+        lines.append(f"  {label:24} {shape} = {len(rs)} runs{note}")
+    return f"{spec.name}: {len(runs)} runs ({len(by_label)} methods)\n" + "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- records
+def record(run, p, records):
+    """Copy the run's results.json to ``records/<budget>/<task>/<label>/<run folder>.json`` with its label."""
+    result = json.loads((p.folder / "results.json").read_text())
+    result.update(label=run.label, budget=run.budget)
+    dest = Path(records) / run.budget / run.task / run.label / f"{p.folder.name}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, dest)  # a record is complete or absent
+    return dest
+
+
+class Failures:
+    """WORK/sweeps/<name>/failures.json: run name -> exit code, log, command, last lines."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.lock = threading.Lock()
+        self.items = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def set(self, name, entry):
+        with self.lock:
+            if entry is None:
+                self.items.pop(name, None)
+            else:
+                self.items[name] = entry
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.items, indent=1) + "\n")
+            os.replace(tmp, self.path)
+
+
+def tail(path, lines=20):
+    try:
+        return "".join(Path(path).read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------------------------------- progress
+class Progress:
+    """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change."""
+
+    def __init__(self, name, total, cached, slots, clock=time.monotonic):
+        self.name, self.total, self.cached, self.slots, self.clock = name, total, cached, slots, clock
+        self.done, self.running, self.failed, self.durations = cached, 0, 0, []
+        self.lock = threading.Lock()
+
+    def line(self):
+        left = self.total - self.done - self.running - self.failed
+        eta = "?"
+        if self.durations:
+            per_run = sum(self.durations) / len(self.durations)
+            eta = main_job.format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
+        return (
+            f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached), {self.running} running, "
+            f"{self.failed} failed, {left} left, eta {eta}"
+        )
+
+    def update(self, started=0, finished=0, failed=0, seconds=None, note=""):
+        with self.lock:
+            self.running += started - finished - failed
+            self.done += finished
+            self.failed += failed
+            if seconds is not None:
+                self.durations.append(seconds)
+            print(self.line() + (f"  {note}" if note else ""), flush=True)
+
+
+# ---------------------------------------------------------------------------------------- local executor
+def local_slots(jobs=None, runs_per_gpu=1, threads=None, gpus=None):
+    """The environments of the parallel slots: one per visible GPU (x runs_per_gpu), else ``jobs`` CPU
+    slots, the cores split between them."""
+    if gpus is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            gpus = [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+        else:
+            import torch
+
+            gpus = [str(i) for i in range(torch.cuda.device_count())]
+    cores = os.cpu_count() or 1
+    if gpus:
+        slots = [{"CUDA_VISIBLE_DEVICES": g} for g in gpus for _ in range(runs_per_gpu)]
+        slots = slots[:jobs] if jobs else slots
+    else:
+        slots = [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(jobs or 1)]
+    per_run = threads or max(1, cores // len(slots))
+    for s in slots:
+        s.update(OMP_NUM_THREADS=str(per_run), MKL_NUM_THREADS=str(per_run))
+    return slots
+
+
+class LocalExecutor:
+    """Runs run.py processes in ``slots`` in parallel; Ctrl-C or SIGTERM stops them (their logs and
+    checkpoints stay; the same command resumes)."""
+
+    def __init__(self, slots, logs):
+        self.slots, self.logs = slots, Path(logs)
+        self.procs, self.lock, self.stopping = set(), threading.Lock(), False
+
+    def run_one(self, run, argv, free):
+        env_extra = free.get()
+        try:
+            if self.stopping:
+                return None
+            self.logs.mkdir(parents=True, exist_ok=True)
+            log = self.logs / f"{run.name}.log"
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}  {env_extra}\n")
+                f.flush()
+                env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
+                start = time.time()
+                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=main_job.REPO)
+                with self.lock:
+                    self.procs.add(proc)
+                code = proc.wait()
+                with self.lock:
+                    self.procs.discard(proc)
+            return code, time.time() - start, log
+        finally:
+            free.put(env_extra)
+
+    def stop(self):
+        self.stopping = True
+        with self.lock:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)  # run.py passes it on; the checkpoints stay
+
+
+def run_local(pending, opts, sweep_dir, progress, failures, records):
+    slots = local_slots(opts.jobs, opts.runs_per_gpu, opts.threads)
+    progress.slots = len(slots)
+    where = ", ".join(sorted({s["CUDA_VISIBLE_DEVICES"] or "cpu" for s in slots}))
+    print(f"local: {len(slots)} parallel run(s) on {where}, {slots[0]['OMP_NUM_THREADS']} CPU thread(s) each")
+    free = queue.Queue()
+    for s in slots:
+        free.put(s)
+    executor = LocalExecutor(slots, Path(sweep_dir) / "logs")
+
+    def work(item):
+        run, p = item
+        argv = [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)]
+        progress.update(started=1, note=f"start {run.name}")
+        outcome = executor.run_one(run, argv, free)
+        if outcome is None:
+            progress.update(started=-1)
+            return
+        code, seconds, log = outcome
+        if code == 0 and p.finished:
+            failures.set(run.name, None)
+            record(run, p, records)
+            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({main_job.format_duration(seconds)})")
+        elif not executor.stopping:
+            failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
+            progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
+        else:
+            progress.update(started=-1)
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: stop the runs, keep their state
+    pool = ThreadPoolExecutor(len(slots))
+    futures = [pool.submit(work, item) for item in pending]
+    try:
+        for f in futures:
+            while True:
+                try:
+                    f.result(timeout=0.5)  # a short wait: Ctrl-C is seen at once
+                    break
+                except TimeoutError:
+                    continue
+    except KeyboardInterrupt:
+        executor.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------------- slurm (submitit)
+def execute_run(argv, log, cwd):
+    """One array task: run.py with its output in ``log``; raises with the log's tail when it fails."""
+    with open(log, "a", encoding="utf-8") as f:
+        code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+    if code:
+        raise RuntimeError(f"run.py exited with {code}; {log}:\n{tail(log)}")
+    return code
+
+
+def slurm_executor(opts, sweep_dir, cluster="slurm"):
+    """submitit's executor with the run's resources (``cluster="local"`` runs the same jobs here)."""
+    import submitit
+
+    if cluster == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
+        raise SweepError("--executor slurm: sbatch and srun not found on PATH (run it on a Slurm login node)")
+    executor = submitit.AutoExecutor(folder=Path(sweep_dir) / "slurm" / "%j", cluster=cluster)
+    params = {
+        "name": f"sweep-{Path(sweep_dir).name}",
+        "timeout_min": opts.time,
+        "gpus_per_node": opts.gpus_per_run,
+        "cpus_per_task": opts.cpus_per_run,
+        "tasks_per_node": 1,
+        "nodes": 1,
+    }
+    if opts.mem is not None:
+        params["mem_gb"] = opts.mem
+    if cluster == "slurm":
+        params["slurm_array_parallelism"] = opts.array_parallelism
+        for key in ("partition", "account", "qos", "constraint"):
+            if getattr(opts, key):
+                params[f"slurm_{key}"] = getattr(opts, key)
+    executor.update_parameters(**params)
+    return executor
+
+
+def submit(pending, opts, sweep_dir, cluster="slurm"):
+    """Submit the pending runs as one job array; returns [(run, plan, job)]."""
+    executor = slurm_executor(opts, sweep_dir, cluster)
+    logs = Path(sweep_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    calls = [
+        (
+            [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)],
+            str(logs / f"{run.name}.log"),
+        )
+        for run, _ in pending
+    ]
+    with executor.batch():
+        jobs = [executor.submit(execute_run, argv, log, str(main_job.REPO)) for argv, log in calls]
+    submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs)}
+    path = Path(sweep_dir) / "slurm" / "submitted.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(submitted, indent=1) + "\n")
+    return [(run, p, job) for (run, p), job in zip(pending, jobs)]
+
+
+def follow(submitted, progress, failures, records, poll=30):
+    """Wait for submitted jobs, reporting each as it ends (Ctrl-C stops waiting, not the jobs)."""
+    progress.update(started=len(submitted), note=f"submitted {len(submitted)} job(s)")
+    waiting = list(submitted)
+    while waiting:
+        for item in list(waiting):
+            run, p, job = item
+            if not job.done():
+                continue
+            waiting.remove(item)
+            exc = job.exception()
+            if exc is None and p.finished:
+                failures.set(run.name, None)
+                record(run, p, records)
+                progress.update(finished=1, note=f"done {run.name} (job {job.job_id})")
+            else:
+                failures.set(run.name, {"job": job.job_id, "tail": str(exc)[-3000:]})
+                progress.update(failed=1, note=f"FAILED {run.name} (job {job.job_id})")
+        if waiting:
+            time.sleep(poll)
+
+
+# ---------------------------------------------------------------------------------------- main
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="scripts/sweep.sh", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("spec", help="a sweep specification (YAML), e.g. examples/idpg/table1.yaml")
+    p.add_argument("--model", help="override the specification's model")
+    p.add_argument(
+        "--work-dir", default=str(main_job.REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)"
+    )
+    p.add_argument("--records", help="where finished runs' records go (default WORK/sweeps/<name>/records)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan (every run, its budget, the count); run nothing"
+    )
+    g = p.add_argument_group("narrow or override the specification")
+    g.add_argument("--tasks", help="comma-separated tasks of the specification to run")
+    g.add_argument("--methods", help="comma-separated labels (or method names) to run")
+    g.add_argument("--seeds", help="comma-separated seeds to run")
+    g.add_argument("--max-update", type=int, help="every run's updates")
+    g = p.add_argument_group("local executor (default)")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local")
+    g.add_argument("--jobs", type=int, help="parallel runs (default: one per visible GPU, else 1)")
+    g.add_argument("--runs-per-gpu", type=int, default=1, help="runs packed on one GPU (default 1)")
+    g.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / parallel runs)")
+    g = p.add_argument_group("slurm executor (submitit job array)")
+    g.add_argument("--partition")
+    g.add_argument("--account")
+    g.add_argument("--qos")
+    g.add_argument("--constraint")
+    g.add_argument("--gpus-per-run", type=int, default=1)
+    g.add_argument("--cpus-per-run", type=int, default=8)
+    g.add_argument("--time", type=int, default=240, help="minutes per run (default 240)")
+    g.add_argument("--mem", type=int, help="GB per run")
+    g.add_argument("--array-parallelism", type=int, default=256, help="array tasks running at once (default 256)")
+    opts = p.parse_args(argv)
+    for flag in ("jobs", "runs_per_gpu", "threads", "max_update", "time", "mem", "array_parallelism"):
+        value = getattr(opts, flag)
+        if value is not None and value < 1:
+            raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if opts.gpus_per_run < 0 or opts.cpus_per_run < 1:
+        raise SweepError("--gpus-per-run must be >= 0 and --cpus-per-run >= 1")
+    return opts
+
+
+def split(text, kind=str):
+    return [kind(x) for x in text.split(",") if x.strip()] if text else None
+
+
+def main(argv=None):
+    try:
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+        return sweep(opts)
+    except SweepError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sweep: interrupted; finished runs are recorded, the same command resumes the rest", file=sys.stderr)
+        return 130
+
+
+def sweep(opts):
+    try:
+        seeds = split(opts.seeds, int)
+    except ValueError:
+        raise SweepError(f"--seeds {opts.seeds!r}: comma-separated integers") from None
+    tasks = split(opts.tasks)
+    if tasks:
+        tasks = [_task(t, "--tasks") for t in tasks]
+    spec = load_spec(opts.spec, opts.model, tasks, split(opts.methods), seeds, opts.max_update)
+    opts.model = spec.model
+    sweep_dir = Path(opts.work_dir) / "sweeps" / spec.name
+    records = Path(opts.records) if opts.records else sweep_dir / "records"
+    print(summary(spec, spec.runs), flush=True)
+
+    # every run decided first: data prepared (one folder at a time), folders known, finished ones found
+    plans = []
+    for i, run in enumerate(spec.runs):
+        if not opts.dry_run and (i % 50 == 0):
+            print(f"planning {i + 1}-{min(i + 50, len(spec.runs))} of {len(spec.runs)} ...", flush=True)
+        plans.append((run, plan_run(run, spec.model, opts.work_dir, opts.dry_run)))
+    finished = [(r, p) for r, p in plans if p.finished]
+    pending = [(r, p) for r, p in plans if not p.finished]
+    if opts.dry_run:
+        for run, p in plans:
+            print(("[finished] " if p.finished else "") + describe(run, p))
+        updates = sum(p.config["updates"] for _, p in plans)
+        print(f"{len(plans)} runs, {len(finished)} finished, {len(pending)} to run; {updates:,} updates in all")
+        return 0
+    for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
+        record(run, p, records)
+    failures = Failures(sweep_dir / "failures.json")
+    progress = Progress(spec.name, len(plans), len(finished), 1)
+    print(progress.line(), flush=True)
+    if pending:
+        if opts.executor == "local":
+            run_local(pending, opts, sweep_dir, progress, failures, records)
+        else:
+            follow(submit(pending, opts, sweep_dir), progress, failures, records)
+    failed = [r.name for r, _ in plans if r.name in failures.items]
+    print(progress.line())
+    print(f"records: {records}  (python -m fairseq_idpg.results {records}"
+          + (f" --published {spec.published}" if spec.published else "") + ")")  # fmt: skip
+    if failed:
+        print(f"{len(failed)} run(s) failed (details in {sweep_dir / 'failures.json'}):")
+        for name in failed:
+            entry = failures.items[name]
+            print(f"  {name}: exit {entry.get('exit', '?')}, log {entry.get('log', entry.get('job'))}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

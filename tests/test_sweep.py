@@ -1,0 +1,305 @@
+"""Sweeps (fairseq_idpg/sweep.py): specifications and the run counts the examples' READMEs state, one-line
+errors, the plan, device slots, progress, the Slurm job array submitit would submit; end to end (slow):
+8 stand-in runs with 2 workers, interrupted and resumed without rerunning finished runs, then the table,
+its numbers and plots, and submitit's local executor."""
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fairseq_idpg import sweep
+from fairseq_idpg.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*/*.yaml"))
+
+
+def write_spec(tmp_path, text, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------------------- specifications
+def readme_counts():
+    """{spec file: the run count its folder's README states} from the README's spec tables."""
+    counts = {}
+    for readme in (REPO / "examples").glob("*/README.md"):
+        for line in readme.read_text().splitlines():
+            m = re.match(r"\|\s*`([\w.-]+\.yaml)`\s*\|.*\|\s*([^|]*?)\s*\|\s*$", line)
+            if m:
+                numbers = re.findall(r"\d[\d,]*", m.group(2))
+                counts[readme.parent / m.group(1)] = int(numbers[-1].replace(",", ""))
+    return counts
+
+
+def test_every_example_loads_and_its_readme_states_its_run_count():
+    counts = readme_counts()
+    assert EXAMPLES and set(counts) == set(EXAMPLES), sorted(set(map(str, EXAMPLES)) ^ set(map(str, counts)))
+    for path in EXAMPLES:
+        spec = sweep.load_spec(path)
+        assert len(spec.runs) == counts[path], path
+        assert all(r.method in METHODS for r in spec.runs)
+        assert len({(r.task, r.label, r.budget, r.lr, r.seed) for r in spec.runs}) == len(spec.runs)  # no repeats
+
+
+def test_idpg_table1_count_follows_the_lr_grids():
+    spec = sweep.load_spec(REPO / "examples" / "idpg" / "table1.yaml")
+    per_label = {}
+    for r in spec.runs:
+        per_label[r.label] = per_label.get(r.label, 0) + 1
+    for label, n in per_label.items():
+        grid = METHODS[label].recipe.lr_grid
+        assert n == 10 * 5 * (len(grid) or 1), label  # tasks x seeds x lrs
+    assert len(spec.runs) == sum(per_label.values())
+
+
+def test_spec_values(tmp_path):
+    path = write_spec(
+        tmp_path,
+        """
+name: s
+tasks: [rte, SST-2]
+methods:
+  - lora
+  - {label: pt-long, method: prompt-tuning-5, args: [--prompt-length, 7], lrs: [3e-2, 1.0e-1], seeds: [4]}
+lrs: recipe
+seeds: [1, 2]
+budget: {few_shot: [16, 32], data_seed: 9}
+max_update: 5
+args: [--dropout, 0]
+""",
+    )
+    spec = sweep.load_spec(path)
+    lora = [r for r in spec.runs if r.label == "lora"]
+    assert len(lora) == 2 * 2 * 2 and {r.lr for r in lora} == {None} and {r.data_seed for r in lora} == {9}
+    long = [r for r in spec.runs if r.label == "pt-long"]
+    assert len(long) == 2 * 2 * 2 and {r.lr for r in long} == {3e-2, 1e-1} and {r.seed for r in long} == {4}
+    assert long[0].args == ("--dropout", "0", "--prompt-length", "7") and long[0].max_update == 5
+    argv = long[0].argv("standin", "/w")
+    assert argv[:6] == ["RTE", "--method", "prompt-tuning-5", "--model", "standin", "--seed"]
+    for pair in (["--few-shot", "16"], ["--data-seed", "9"], ["--max-update", "5"], ["--lr", "0.03"]):
+        assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
+    # narrowing: tasks, labels, seeds; max_update overridden
+    spec = sweep.load_spec(path, tasks=["RTE"], methods=["lora"], seeds=[2], max_update=9)
+    assert [(r.task, r.label, r.seed, r.max_update) for r in spec.runs] == [("RTE", "lora", 2, 9)] * 2
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nseed: [1]\n", "unknown key 'seed'; valid: args, budget,"),
+        ("name: s\ntasks: [RTE]\nmethods: [lorra]\n", "unknown method 'lorra'; valid: "),
+        ("name: s\ntasks: [XNLI]\nmethods: [lora]\n", "unknown task 'XNLI'; valid: SST-2"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora, lora]\n", "the label 'lora' is used twice"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: [0]\n", "lrs: 0 is not a positive number"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: best\n", "lrs 'best'; valid: paper, recipe"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nseeds: [one]\n", "'one' is not an integer"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nbudget: {k: 5}\n", "budget: unknown key 'k'"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nbudget: half\n", "budget 'half'; valid: full"),
+        ("name: s\nmethods: [lora]\n", "'tasks' is missing"),
+        ("name: s\ntasks: [RTE\n", "not valid YAML"),
+        ("name: s\ntasks: [RTE]\nmethods: [{method: lora, lr: 1}]\n", "unknown key 'lr'"),
+    ],
+)
+def test_bad_specifications_are_one_line_errors(tmp_path, capsys, text, message):
+    path = write_spec(tmp_path, text)
+    assert sweep.main([str(path), "--work-dir", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sweep: error: ") and message in err and "\n" not in err, err
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["--runs-per-gpu", "-1"], "--runs-per-gpu must be >= 1"),
+        (["--seeds", "1,x"], "--seeds '1,x': comma-separated integers"),
+        (["--tasks", "RTF"], "--tasks: unknown task 'RTF'"),
+        (["--methods", "dpt"], "no run left"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+    path = write_spec(tmp_path, "name: s\ntasks: [RTE]\nmethods: [lora]\n")
+    assert sweep.main([str(path), "--work-dir", str(tmp_path), "--dry-run", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+
+
+def test_dry_run_prints_every_run_with_its_budget_and_runs_nothing(tmp_path, capsys):
+    spec = REPO / "examples" / "inducer" / "nlu.yaml"
+    assert sweep.main([str(spec), "--model", "roberta.large", "--work-dir", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    runs = [line for line in out.splitlines() if " -> " in line]
+    assert len(runs) == len(sweep.load_spec(spec).runs) == 54
+    mnli = next(line for line in runs if line.startswith("MNLI   inducer-lora"))
+    assert "batch 16, 10 epochs = 245,440 updates" in mnli  # the paper's budget (appendix B.2)
+    assert re.search(r"54 runs, 0 finished, 54 to run; [\d,]+ updates in all", out)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "sweeps").exists()
+
+
+# ---------------------------------------------------------------------------------------- executors
+def test_local_slots_pin_gpus_and_split_cores():
+    slots = sweep.local_slots(runs_per_gpu=2, gpus=["0", "3"])
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0", "0", "3", "3"]
+    assert sweep.local_slots(jobs=3, gpus=["0", "1"]) == sweep.local_slots(gpus=["0", "1"])  # one per GPU
+    cpu = sweep.local_slots(jobs=2, gpus=[])
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in cpu] == ["", ""]
+    assert cpu[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    assert sweep.local_slots(jobs=2, threads=3, gpus=[])[1]["MKL_NUM_THREADS"] == "3"
+
+
+def test_progress_line_counts_and_estimates():
+    p = sweep.Progress("s", total=10, cached=2, slots=2)
+    p.update(started=2)
+    p.update(finished=1, seconds=60)
+    p.update(failed=1)
+    assert p.line() == "[sweep s] 3/10 done (2 cached), 0 running, 1 failed, 6 left, eta 3m00s"  # 6 x 60 s / 2
+
+
+def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
+    """submitit's SlurmExecutor with a stand-in sbatch: one array, the resources asked, each task's command."""
+    from submitit.core.utils import DelayedSubmission
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text('#!/bin/sh\ncp "$1" "$(dirname "$0")/submitted.sh"\necho "Submitted batch job 4242"\n')
+    (fake / "srun").write_text("#!/bin/sh\n")
+    for tool in ("sbatch", "srun"):
+        (fake / tool).chmod(0o755)
+    path = os.environ["PATH"]
+    spec = write_spec(tmp_path, "name: s\ntasks: [RTE, MRPC]\nmethods: [lora]\nlrs: [1e-4, 2e-4]\nseeds: [1]\n")
+    opts = sweep.parse_args(
+        [str(spec), "--executor", "slurm", "--partition", "gpu", "--gpus-per-run", "1", "--time", "90"]
+        + ["--mem", "32", "--array-parallelism", "3", "--model", "roberta.large", "--work-dir", str(tmp_path)]
+    )
+    runs = sweep.load_spec(spec, model="roberta.large").runs
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(sweep.SweepError, match="--executor slurm: sbatch and srun not found"):
+        sweep.submit([(r, None) for r in runs], opts, tmp_path / "sweeps" / "s")
+    monkeypatch.setenv("PATH", f"{fake}:{path}")
+    submitted = sweep.submit([(r, None) for r in runs], opts, tmp_path / "sweeps" / "s")
+    script = (fake / "submitted.sh").read_text()
+    for line in ("#SBATCH --array=0-3%3", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1",
+                 "#SBATCH --time=90", "#SBATCH --mem=32GB", "#SBATCH --cpus-per-task=8"):  # fmt: skip
+        assert line in script, line
+    assert [job.job_id for _, _, job in submitted] == [f"4242_{i}" for i in range(4)]
+    ids = json.loads((tmp_path / "sweeps" / "s" / "slurm" / "submitted.json").read_text())
+    assert sorted(ids.values()) == [f"4242_{i}" for i in range(4)]
+    pickles = sorted((tmp_path / "sweeps" / "s" / "slurm").rglob("*submitted.pkl"))
+    commands = sorted(DelayedSubmission.load(p).args[0][3:] for p in pickles)
+    assert commands == sorted(r.argv("roberta.large", str(tmp_path)) for r in runs)
+    assert all(DelayedSubmission.load(p).function is sweep.execute_run for p in pickles)
+
+
+# ---------------------------------------------------------------------------------------- end to end (slow)
+SMOKE = """
+name: smoke
+description: CI smoke sweep, 2 tasks x 2 methods x 2 seeds on the stand-in, 4 updates each
+model: standin
+tasks: [RTE, MRPC]
+methods: [prompt-tuning-5, lora]
+lrs: recipe
+seeds: [1, 2]
+max_update: 4
+args: [--validate-interval-updates, 4, --total-batch, 8]
+"""
+
+
+def records_of(folder):
+    return sorted(Path(folder).rglob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def smoke(shared_data, tmp_path_factory):
+    """The smoke sweep, interrupted after 2 runs finished, then run again to the end."""
+    work = tmp_path_factory.mktemp("sweep")
+    spec = write_spec(work, SMOKE)
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--jobs", "2", "--work-dir", str(work)]
+    records = work / "sweeps" / "smoke" / "records"
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.time() + 900
+    while len(records_of(records)) < 2 and first.poll() is None and time.time() < deadline:
+        time.sleep(1)
+    first.send_signal(signal.SIGTERM)
+    first_out = first.communicate(timeout=300)[0]
+    done_first = {p: p.stat().st_mtime_ns for p in records_of(records)}
+    finished_first = {json.loads(p.read_text())["run"] for p in done_first}
+    results_first = {
+        p: p.stat().st_mtime_ns for p in (work / "checkpoints").rglob("results.json") if p.parent.name in finished_first
+    }
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    return {"work": work, "spec": spec, "first": first_out, "first_code": first.returncode, "second": second,
+            "done_first": done_first, "results_first": results_first, "records": records}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
+    assert smoke["first_code"] == 130, smoke["first"][-3000:]
+    assert "local: 2 parallel run(s) on cpu" in smoke["first"]
+    assert "interrupted" in smoke["first"]
+    second = smoke["second"]
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert 2 <= len(smoke["done_first"]) < 8
+    # the runs finished before the interruption were not run again: their results.json are untouched
+    cached = int(re.search(r"\] \d+/8 done \((\d+) cached\)", second.stdout).group(1))
+    assert cached >= len(smoke["done_first"])
+    for path, mtime in smoke["results_first"].items():
+        assert path.stat().st_mtime_ns == mtime, path
+    assert "[sweep smoke] 8/8 done" in second.stdout and "0 failed, 0 left" in second.stdout
+    records = records_of(smoke["records"])
+    assert len(records) == 8
+    keys = {(r["task"], r["label"], r["seed"]) for r in map(lambda p: json.loads(p.read_text()), records)}
+    assert len(keys) == 8
+    # at most 2 at a time: never 3 runs reported running
+    assert not re.search(r"\b[3-9] running", smoke["first"] + second.stdout)
+
+
+@pytest.mark.slow
+def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
+    out = tmp_path / "table"
+    cmd = [sys.executable, "-m", "fairseq_idpg.results", str(smoke["records"]), "--spec", str(smoke["spec"])]
+    done = subprocess.run(cmd + ["--out-dir", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import pandas as pd
+
+    table = pd.read_csv(out / "table.csv")
+    records = [json.loads(p.read_text()) for p in records_of(smoke["records"])]
+    for task in ("RTE", "MRPC"):
+        for label in ("prompt-tuning-5", "lora"):
+            values = [r["results"]["valid"][r["metric"]] for r in records if r["task"] == task and r["label"] == label]
+            row = table[(table["task"] == task) & (table["label"] == label)]
+            assert len(values) == 2 and len(row) == 1, (task, label)
+            assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-6)
+            assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-6)
+            assert row["n"].item() == 2
+    assert (out / "table.md").read_text().count("±") >= 4
+    for png in ("bars.png", "curves.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_submitit_local_executor_runs_the_array(smoke, tmp_path):
+    """The Slurm path through submitit's local executor: one finished run (reported cached by run.py) as a job."""
+    opts = sweep.parse_args([str(smoke["spec"]), "--executor", "slurm", "--work-dir", str(smoke["work"])])
+    spec = sweep.load_spec(smoke["spec"], tasks=["RTE"], methods=["lora"], seeds=[1])
+    (run,) = spec.runs
+    plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
+    assert plan.finished
+    submitted = sweep.submit([(run, plan)], opts, tmp_path / "sweeps" / "smoke", cluster="local")
+    progress = sweep.Progress("smoke", 1, 0, 1)
+    failures = sweep.Failures(tmp_path / "failures.json")
+    sweep.follow(submitted, progress, failures, tmp_path / "records", poll=1)
+    assert progress.done == 1 and progress.failed == 0 and not failures.items
+    (log,) = (tmp_path / "sweeps" / "smoke" / "logs").glob("*.log")
+    assert "cached: this configuration finished" in log.read_text()
+    assert len(records_of(tmp_path / "records")) == 1
