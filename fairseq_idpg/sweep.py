@@ -19,7 +19,8 @@ A specification is a YAML file (``examples/*/``)::
       - {label: m-idpg-phm-pos1, method: m-idpg-phm, args: [--prompt-position, 1]}
     lrs: paper                        # paper (default): the recipe's grid; recipe: its one lr; or a list
     seeds: [1, 2, 3, 4, 5]
-    budget: full                      # or {few_shot: [100, 500, 1000], data_seed: seed} or {dev_from_train: N}
+    budget: full                      # or {few_shot: [100, 500, 1000], data_seed: seed} or {dev_from_train: N};
+                                      # few_shot may name K per task: {default: 1000, CR: 775}
     max_update: 300                   # optional: every run's updates (smoke versions)
     args: []                          # optional: fairseq-train flags for every run
 
@@ -42,6 +43,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -83,9 +85,13 @@ class Run:
     data_seed: int = 1
     max_update: Optional[int] = None
     args: Tuple[str, ...] = ()
+    table_budget: Optional[str] = None  # a per-task K's common name in tables, "K=1000 (CR: 775)"
 
     @property
     def budget(self):
+        """The budget's name in records and tables: full, K=<k>, dev<N> (or the spec's per-task name)."""
+        if self.table_budget:
+            return self.table_budget
         if self.few_shot is not None:
             return f"K={self.few_shot}"
         return f"dev{self.dev_from_train}" if self.dev_from_train is not None else "full"
@@ -93,8 +99,11 @@ class Run:
     @property
     def name(self):
         lr = f"lr{main_job.format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
-        data = f".data{self.data_seed}" if self.budget != "full" else ""
-        return f"{self.task}.{self.label}.{self.budget}.{lr}.seed{self.seed}{data}"
+        if self.few_shot is not None:
+            data = f"K={self.few_shot}.data{self.data_seed}."
+        else:
+            data = f"dev{self.dev_from_train}.data{self.data_seed}." if self.dev_from_train is not None else ""
+        return f"{self.task}.{self.label}.{data}{lr}.seed{self.seed}"
 
     def argv(self, model, work_dir):
         """run.py's command line."""
@@ -191,6 +200,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
     spec.published = data.get("published")
     all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
     budget = data.get("budget", "full")
+    few_shot, table_budget = None, None  # task -> the K values; the table's name of a per-task budget
     if budget == "full":
         budgets = [{}]
     elif isinstance(budget, dict):
@@ -201,7 +211,21 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
         if data_seed != "seed":
             _list(data_seed, f"{path}: budget.data_seed", int)
         if "few_shot" in budget:
-            budgets = [{"few_shot": k, "data_seed": data_seed} for k in _list(budget["few_shot"], path, int)]
+            per_task = budget["few_shot"] if isinstance(budget["few_shot"], dict) else {"default": budget["few_shot"]}
+            for key in per_task:
+                if key != "default":
+                    _task(key, f"{path}: budget.few_shot")
+            per_task = {k if k == "default" else _task(k, ""): v for k, v in per_task.items()}
+            few_shot, table_budget = {}, None
+            for t in all_tasks:
+                if per_task.get(t, per_task.get("default")) is None:
+                    raise SweepError(f"{path}: budget.few_shot names no K for {t} (give it, or a default)")
+                few_shot[t] = _list(per_task.get(t, per_task.get("default")), f"{path}: budget.few_shot ({t})", int)
+            if len(per_task) > 1:  # one table: "K=1000 (CR: 775)"
+                if any(len(ks) > 1 for ks in few_shot.values()):
+                    raise SweepError(f"{path}: budget.few_shot per task takes one K per task")
+                named = ", ".join(f"{t}: {k}" for t, k in per_task.items() if t != "default")
+                table_budget = f"K={per_task['default']} ({named})" if "default" in per_task else f"K=({named})"
         elif "dev_from_train" in budget:
             budgets = [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
         else:
@@ -238,26 +262,17 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
                 continue
             if methods and label not in methods and name not in methods:
                 continue
+            if few_shot is not None:
+                budgets = [{"few_shot": k, "data_seed": data_seed, "name": table_budget} for k in few_shot[task]]
             for b in budgets:
                 for lr in _lrs(variant.get("lrs", data.get("lrs")), METHODS[name], task, f"{where}: lrs"):
                     for seed in run_seeds:
                         if seeds and seed not in seeds:
                             continue
-                        data_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
-                        spec.runs.append(
-                            Run(
-                                task,
-                                label,
-                                name,
-                                lr,
-                                seed,
-                                b.get("few_shot"),
-                                b.get("dev_from_train"),
-                                data_seed,
-                                updates,
-                                args,
-                            )  # fmt: skip
-                        )
+                        sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
+                        run = Run(task, label, name, lr, seed, b.get("few_shot"), b.get("dev_from_train"),
+                                  sample_seed, updates, args, b.get("name"))  # fmt: skip
+                        spec.runs.append(run)
     if not spec.runs:
         raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
     return spec
@@ -309,7 +324,8 @@ def record(run, p, records):
     """Copy the run's results.json to ``records/<budget>/<task>/<label>/<run folder>.json`` with its label."""
     result = json.loads((p.folder / "results.json").read_text())
     result.update(label=run.label, budget=run.budget)
-    dest = Path(records) / run.budget / run.task / run.label / f"{p.folder.name}.json"
+    budget = re.sub(r"[^\w=.-]+", "_", run.budget).strip("_")  # "K=1000 (CR: 775)" -> "K=1000_CR_775"
+    dest = Path(records) / budget / run.task / run.label / f"{p.folder.name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -643,7 +659,8 @@ def sweep(opts):
             print(f"planning {i + 1}-{min(i + 50, len(spec.runs))} of {len(spec.runs)} ...", flush=True)
         plans.append((run, plan_run(run, spec.model, opts.work_dir, opts.dry_run)))
     finished = [(r, p) for r, p in plans if p.finished]
-    pending = [(r, p) for r, p in plans if not p.finished]
+    # seed by seed: an unfinished sweep's table has every cell's first seeds rather than some cells' all
+    pending = sorted(((r, p) for r, p in plans if not p.finished), key=lambda item: item[0].seed)
     if opts.dry_run:
         for run, p in plans:
             print(("[finished] " if p.finished else "") + describe(run, p))

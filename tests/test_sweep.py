@@ -88,6 +88,16 @@ args: [--dropout, 0]
     assert argv[:6] == ["RTE", "--method", "prompt-tuning-5", "--model", "standin", "--seed"]
     for pair in (["--few-shot", "16"], ["--data-seed", "9"], ["--max-update", "5"], ["--lr", "0.03"]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
+    # a per-task K: one table budget; the sample follows the seed on every task
+    per_task = write_spec(
+        tmp_path,
+        "name: t\ntasks: [SST-2, CR]\nmethods: [lora, dpt]\nseeds: [1, 2]\n"
+        "budget: {few_shot: {default: 1000, CR: 775}}\n",
+        "per-task.yaml",
+    )
+    runs = sweep.load_spec(per_task).runs
+    assert {(r.task, r.few_shot) for r in runs} == {("SST-2", 1000), ("CR", 775)}
+    assert {r.budget for r in runs} == {"K=1000 (CR: 775)"} and all(r.data_seed == r.seed for r in runs)
     # narrowing: tasks, labels, seeds; max_update overridden
     spec = sweep.load_spec(path, tasks=["RTE"], methods=["lora"], seeds=[2], max_update=9)
     assert [(r.task, r.label, r.seed, r.max_update) for r in spec.runs] == [("RTE", "lora", 2, 9)] * 2

@@ -72,7 +72,7 @@ def row_of(record: dict, path: Path) -> dict:
     provenance = ((record.get("config") or {}).get("data") or {}).get("provenance") or {}
     return {
         "model": model_name(record["model"]),
-        "budget": budget_of(record),
+        "budget": record.get("budget") or budget_of(record),  # a sweep's name for it, else the provenance's
         "task": record["task"],
         "label": record.get("label") or record["method"],
         "method": record["method"],

@@ -1,14 +1,12 @@
 """What a sweep specification (``fairseq_idpg/sweep.py``, ``examples/*/*.yaml``) says of its table:
 the published table to put beside, the rows (its labels, in order), the columns (its tasks) and the
-budgets. ``--spec`` keeps only the runs of those cells, so a checkpoints folder holding other runs
-gives the spec's table."""
+budgets, read by the sweep's own loader. ``--spec`` keeps only the runs of those cells, so a
+checkpoints folder holding other runs gives the spec's table."""
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Optional
 
 import pandas as pd
-import yaml
 
 from .records import RecordsError
 
@@ -21,27 +19,21 @@ class TableSpec:
     budgets: List[str]
 
 
-def budgets_of(budget) -> List[str]:
-    """The spec's ``budget`` as the table's budget names: ``full``, ``K=<k>`` per few_shot, ``dev<N>``."""
-    if budget in (None, "full"):
-        return ["full"]
-    if isinstance(budget, dict) and "few_shot" in budget:
-        shots = budget["few_shot"] if isinstance(budget["few_shot"], list) else [budget["few_shot"]]
-        return [f"K={k}" for k in shots]
-    if isinstance(budget, dict) and "dev_from_train" in budget:
-        return [f"dev{budget['dev_from_train']}"]
-    raise RecordsError(f"budget {budget!r}: full, or a mapping with few_shot or dev_from_train")
-
-
 def read_spec(path) -> TableSpec:
+    from fairseq_idpg.sweep import SweepError, load_spec
+
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise RecordsError(f"--spec {path}: unreadable ({e})") from None
-    if not isinstance(data, dict) or "methods" not in data or "tasks" not in data:
-        raise RecordsError(f"--spec {path}: not a sweep specification (no methods or tasks)")
-    labels = [m if isinstance(m, str) else str(m.get("label", m.get("method"))) for m in data["methods"]]
-    return TableSpec(data.get("published"), labels, list(data["tasks"]), budgets_of(data.get("budget")))
+        spec = load_spec(path)
+    except SweepError as e:
+        raise RecordsError(f"--spec {e}") from None
+    runs = spec.runs
+    ordered = lambda values: list(dict.fromkeys(values))  # noqa: E731
+    return TableSpec(
+        spec.published,
+        ordered(r.label for r in runs),
+        ordered(r.task for r in runs),
+        ordered(r.budget for r in runs),
+    )
 
 
 def keep(runs: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
