@@ -666,6 +666,8 @@ def sweep(opts):
             print(("[finished] " if p.finished else "") + describe(run, p))
         updates = sum(p.config["updates"] for _, p in plans)
         print(f"{len(plans)} runs, {len(finished)} finished, {len(pending)} to run; {updates:,} updates in all")
+        if not all(p.complete for _, p in plans):
+            print("(<hash>: known once the model file and the prepared data exist)")
         return 0
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
