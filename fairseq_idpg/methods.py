@@ -324,3 +324,32 @@ for _name, _recipe, _description, _source in _BLOCK_METHODS:
             source=_source,
         )
     )
+
+# EFL (IDPG Table 1's entailment-based fine-tuning; Wang et al. 2021): full fine-tuning of an MNLI-tuned
+# RoBERTa (--model: its folder) on every task stated as entailment (--task efl_sentence_prediction; the
+# MNLI head "mnli" of fairseq's roberta.large.mnli is reused as the entailment head). IDPG appendix A.1:
+# "for both transformer fine-tuning methods including RoBERTa and EFL, we follow their official training
+# instructions, i.e., using a polynomial learning rate scheduler with 6% of total steps to warm up and
+# tuning for 10 epochs"; lr 1e-5, batch 32, weight decay 0.1: IDPG Table 4 (first column). The batch
+# counts examples; each trains with its pairs (one per example for every task of IDPG Table 1).
+EFL_SOURCE = "IDPG appendix A.1 (EFL's official instructions: polynomial decay, 6% warmup, 10 epochs)"
+EFL_RECIPE = Recipe(
+    lr=1e-5, scheduler="polynomial_decay", warmup=0.06, batch=32, epochs=10, clip_norm=0.0, weight_decay=0.1,
+    select_on="valid",
+    sources={"lr": "IDPG Table 4 (fine-tuning column)", "scheduler": EFL_SOURCE, "warmup": EFL_SOURCE,
+             "batch": "IDPG Table 4 (fine-tuning column)", "epochs": EFL_SOURCE,
+             "clip_norm": "fairseq's GLUE recipe (none)", "weight_decay": "IDPG Table 4",
+             "select_on": "IDPG Table 1 (dev metric)"},
+)  # fmt: skip
+register(
+    Method(
+        "efl",
+        arch="roberta",
+        options={"classification_head_name": "mnli"},
+        recipe=EFL_RECIPE,
+        task="efl_sentence_prediction",
+        frozen_backbone=False,
+        description="EFL: full fine-tuning from an MNLI model, each task as entailment with a label description",
+        source="IDPG Table 1 (EFL, Wang et al. 2021)",
+    )
+)
