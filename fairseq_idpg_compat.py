@@ -54,6 +54,20 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    loads and again when fairseq's config code loads (under pytest, whose hydra plugin has pytest
    import hydra's modules itself, the first never fires).
 
+8. ``atomic_checkpoint_copies``: fairseq's ``save_checkpoint`` writes the first file of a save atomically
+   (``NAME.tmp``, then a rename) but makes the others (``checkpoint_best.pt``, ``checkpoint_last.pt``, ...)
+   with a plain copy, so a kill during the copy leaves a truncated file. The copies now go to ``NAME.tmp``
+   in the same folder and are renamed over ``NAME`` (``os.replace``): a checkpoint file is the old one or
+   the new one, never part of one (after a killed process; no fsync, so not after a power loss).
+
+9. ``resume_from_intact_checkpoint``: fairseq-train's default ``--restore-file checkpoint_last.pt`` on a
+   truncated or unreadable file failed with a PyTorch stream error naming no file. It now names the
+   file and resumes from the newest intact checkpoint of ``--save-dir`` (by its number of updates:
+   ``checkpoint_<epoch>_<updates>.pt``, ``checkpoint<epoch>.pt``, ``checkpoint_best.pt``,
+   ``checkpoint.best_*.pt``), saying so; with none, one line and exit status 2. Intact means its zip
+   directory and metadata read (what truncation destroys); tensor bytes are not checked.
+   ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run.py``).
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -61,6 +75,8 @@ not load with this torch).
 
 import importlib.abc
 import importlib.util
+import os
+import re
 import sys
 
 _FAST_PATH_PARAMS = (
@@ -288,9 +304,155 @@ def _patch_loaded_hydra(module):
         hydra_plugin_scan_without_find_module(plugins)
 
 
+# ---------------------------------------------------------------- 8. atomic copies
+def atomic_copy(src, dst):
+    """Copy ``src`` to ``dst`` through ``dst.tmp`` (same folder) and a rename: ``dst`` is never partial."""
+    import shutil
+
+    tmp = str(dst) + ".tmp"
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    return True
+
+
+def atomic_checkpoint_copies(checkpoint_utils):
+    """``checkpoint_utils.PathManager.copy`` (only its use there) copies local files atomically."""
+    base = checkpoint_utils.PathManager
+    if getattr(base, "_fairseq_idpg_compat", False):
+        return
+
+    class PathManager(base):
+        _fairseq_idpg_compat = True
+
+        @staticmethod
+        def copy(src_path, dst_path, overwrite=False):
+            if base.path_requires_pathmanager(dst_path) or not base.supports_rename(dst_path):
+                return base.copy(src_path, dst_path, overwrite=overwrite)
+            if not overwrite and os.path.exists(dst_path):
+                return False
+            return atomic_copy(src_path, dst_path)
+
+    checkpoint_utils.PathManager = PathManager
+
+
+# ---------------------------------------------------------------- 9. resume from an intact checkpoint
+def _resume_names(suffix=""):
+    """The files of a save folder that hold a full training state (fairseq's names)."""
+    kinds = r"_last|_\d+_\d+|\d+|_best|\.best_.+"
+    return re.compile(rf"checkpoint(?:{kinds}){re.escape(suffix)}\.pt")
+
+
+def _damage(error):
+    """A one-line reason, without torch's advice on internal miniz errors."""
+    if isinstance(error, (KeyError, IndexError, TypeError)):
+        return f"not a fairseq training checkpoint: no {error.args[0] if error.args else 'training state'}"
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = text.split(". This is an internal")[0].replace("PytorchStreamReader failed reading zip archive: ", "")
+    return f"truncated or unreadable: {text}"
+
+
+def _saved_updates(path):
+    """(updates, None) of a fairseq training checkpoint, reading its zip directory and pickle but not its
+    tensors; (None, why) for a truncated or unreadable file, or one without training state."""
+    import torch
+
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception:  # a legacy (non-zip) file, a file system without mmap, or damage: read it plainly
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        updates = int(state["optimizer_history"][-1]["num_updates"])
+        state["extra_state"]["train_iterator"]
+    except Exception as e:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        return None, f"{_damage(e)}; {size:,} bytes"
+    return updates, None
+
+
+def checkpoint_num_updates(path):
+    """Updates a fairseq training checkpoint was saved at; ValueError naming the file when it is damaged."""
+    updates, damage = _saved_updates(path)
+    if damage:
+        raise ValueError(f"{path} is damaged ({damage})")
+    return updates
+
+
+def resume_checkpoint(last, suffix=""):
+    """(path, updates, damage) to resume from instead of ``last`` (checkpoint_last.pt): ``last`` itself when
+    intact (damage None); else the newest intact checkpoint beside it by its updates, and why ``last`` is not
+    usable (e.g. "failed finding central directory; 131,072 bytes"); (None, None, damage) when there is none."""
+    updates, damage = _saved_updates(last)
+    if damage is None:
+        return str(last), updates, None
+    folder, names = os.path.dirname(str(last)) or ".", _resume_names(suffix)
+    found = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if path == str(last) or not names.fullmatch(name):
+            continue
+        updates, unusable = _saved_updates(path)
+        if unusable:
+            continue
+        found.append((-updates, 0 if "_last" in name else 2 if "best" in name else 1, path))  # ties: last first
+    if not found:
+        return None, None, damage
+    updates, _, path = min(found)
+    return path, -updates, damage
+
+
+def resume_from_intact_checkpoint(checkpoint_utils):
+    """fairseq-train's resume from ``checkpoint_last.pt`` falls back to the newest intact checkpoint."""
+    original = checkpoint_utils.load_checkpoint
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def load_checkpoint(cfg, trainer, **passthrough_args):
+        suffix = trainer.checkpoint_suffix or ""
+        last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+        if cfg.restore_file != "checkpoint_last.pt" or not os.path.isfile(last):
+            return original(cfg, trainer, **passthrough_args)
+        path, updates, damage = resume_checkpoint(last, suffix)
+        if damage is None:
+            return original(cfg, trainer, **passthrough_args)
+        if path is None:
+            print(
+                f"fairseq-train: error: --save-dir {cfg.save_dir}: {os.path.basename(last)} is damaged ({damage}) "
+                f"and no intact checkpoint is left to resume from; remove it to train from the start",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(2)
+        checkpoint_utils.logger.warning(
+            f"{last} is damaged ({damage}); resuming from the newest intact checkpoint {path} "
+            f"(update {updates}); the next save replaces {os.path.basename(last)}"
+        )
+        load = trainer.load_checkpoint
+        trainer.load_checkpoint = lambda filename, *a, **k: load(path if filename == last else filename, *a, **k)
+        try:
+            return original(cfg, trainer, **passthrough_args)
+        finally:
+            del trainer.load_checkpoint
+
+    load_checkpoint._fairseq_idpg_compat = True
+    checkpoint_utils.load_checkpoint = load_checkpoint
+
+
+def _patch_checkpoint_utils(module):
+    torch_load_full_pickle(module)
+    atomic_checkpoint_copies(module)
+    resume_from_intact_checkpoint(module)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
-    "fairseq.checkpoint_utils": torch_load_full_pickle,
+    "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,

@@ -165,14 +165,17 @@ def sha256(path):
 
 
 def checkpoint_updates(path):
-    """The number of updates a fairseq checkpoint was saved at (the tensors are not read)."""
-    import torch
+    """The number of updates a fairseq checkpoint was saved at (the tensors are not read); a damaged file:
+    those of the newest intact checkpoint beside it, which fairseq-train resumes from (fairseq_idpg_compat
+    fix 9), saying so. Returns (updates, the file they come from)."""
+    from fairseq_idpg_compat import resume_checkpoint
 
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # an old (non-zip) file: no mmap
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    return int(state["optimizer_history"][-1]["num_updates"])
+    found, updates, damage = resume_checkpoint(path)
+    if damage and found is None:
+        raise RunError(f"{path} is damaged ({damage}) and no intact checkpoint is left; --restart trains again")
+    if damage:
+        print(f"warning: {path} is damaged ({damage}); the newest intact checkpoint is {found}", flush=True)
+    return updates, Path(found)
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -727,12 +730,12 @@ def execute(p):
         return 0
     trained = False
     if last.is_file():
-        done_updates = checkpoint_updates(last)
+        done_updates, resume = checkpoint_updates(last)
         if done_updates >= updates:
-            print(f"training finished earlier ({done_updates} updates in {last}); scoring it", flush=True)
+            print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
             trained = True
         else:
-            print(f"resuming from {last} at update {done_updates} of {updates}", flush=True)
+            print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
         before = (
             json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
         )

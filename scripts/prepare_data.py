@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     except PrepareError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # prepare said what it removed; SIGTERM exits with 143 the same way
+        return 130
     return 0
 
 

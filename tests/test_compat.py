@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,180 @@ def test_hydra_plugin_scan_without_find_module(without_fix):
     else:
         assert out.returncode == 0, out.stderr[-2000:]
         assert "FileConfigSource" in out.stdout and "StructuredConfigSource" in out.stdout
+
+
+# ---------------------------------------------------------------- 8, 9: checkpoint files complete or absent
+def _training_state(updates, size=20000):
+    return {
+        "model": {"w": torch.arange(size, dtype=torch.float32) + updates},
+        "optimizer_history": [{"num_updates": updates}],
+        "extra_state": {"train_iterator": {"epoch": 1}},
+    }
+
+
+def _truncate(path, keep=0.3):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
+    """Fix 8: fairseq's copies (checkpoint_best.pt, checkpoint_last.pt) go through NAME.tmp and a rename;
+    a copy cut short leaves the previous file whole."""
+    import shutil
+
+    from fairseq import checkpoint_utils
+
+    src, dst = tmp_path / "checkpoint_1_4.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 100000)
+    dst.write_bytes(b"old" * 1000)
+    real_copyfile = shutil.copyfile
+
+    def cut_short(a, b):  # half of the bytes, then the process is stopped
+        with open(b, "wb") as f:
+            f.write(open(a, "rb").read()[:1000])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == b"old" * 1000 and sorted(p.name for p in tmp_path.iterdir()) == [src.name, dst.name]
+    monkeypatch.setattr(shutil, "copyfile", real_copyfile)
+    assert checkpoint_utils.PathManager.copy(str(src), str(dst), overwrite=True) is True
+    assert dst.read_bytes() == src.read_bytes() and not (tmp_path / "checkpoint_last.pt.tmp").exists()
+
+
+class _Trainer:
+    """What fairseq's load_checkpoint asks of a trainer; records the file it is told to load."""
+
+    checkpoint_suffix = ""
+
+    def __init__(self):
+        self.loaded = []
+
+    def load_checkpoint(self, filename, *args, **kwargs):
+        self.loaded.append(filename)
+        return None
+
+    def get_train_iterator(self, epoch, **kwargs):
+        return argparse.Namespace(epoch=epoch)
+
+    def lr_step(self, epoch):
+        pass
+
+
+def test_resume_from_damaged_last_takes_the_newest_intact_checkpoint(tmp_path, caplog, capsys):
+    """Fix 9: a truncated checkpoint_last.pt is named and fairseq-train resumes from the newest intact
+    checkpoint by its updates (not an older checkpoint_best.pt, not a damaged interval file, never an
+    exported or temporary file); with none left, one line and exit status 2."""
+    import logging
+
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.configs import CheckpointConfig
+
+    from fairseq_idpg_compat import checkpoint_num_updates, resume_checkpoint
+
+    for name, updates in [("checkpoint_best.pt", 2), ("checkpoint_1_4.pt", 4), ("checkpoint_1_5.pt", 5)]:
+        torch.save(_training_state(updates), tmp_path / name)
+    torch.save(_training_state(99), tmp_path / "checkpoint_last_exported.pt")  # not a resume point
+    torch.save(_training_state(6), tmp_path / "checkpoint_last.pt")
+    (tmp_path / "checkpoint_last.pt.tmp").write_bytes(b"partial")
+    cfg, last = CheckpointConfig(save_dir=str(tmp_path)), tmp_path / "checkpoint_last.pt"
+
+    trainer = _Trainer()
+    checkpoint_utils.load_checkpoint(cfg, trainer)  # intact: fairseq's own choice
+    assert trainer.loaded == [str(last)] and checkpoint_num_updates(last) == 6
+
+    _truncate(last)
+    _truncate(tmp_path / "checkpoint_1_5.pt")
+    size = f"{last.stat().st_size:,} bytes"
+    with pytest.raises(ValueError, match=rf"checkpoint_last\.pt is damaged \(truncated or unreadable: .*; {size}\)$"):
+        checkpoint_num_updates(last)
+    assert resume_checkpoint(last)[:2] == (str(tmp_path / "checkpoint_1_4.pt"), 4)
+    trainer = _Trainer()
+    with caplog.at_level(logging.WARNING):
+        checkpoint_utils.load_checkpoint(cfg, trainer)
+    assert trainer.loaded == [str(tmp_path / "checkpoint_1_4.pt")] and "load_checkpoint" not in vars(trainer)
+    (warning,) = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert warning.startswith(f"{last} is damaged (truncated or unreadable: ") and warning.endswith(
+        f"; {size}); resuming from the newest intact checkpoint {tmp_path / 'checkpoint_1_4.pt'} (update 4); "
+        "the next save replaces checkpoint_last.pt"
+    )
+
+    for name in ("checkpoint_best.pt", "checkpoint_1_4.pt"):
+        _truncate(tmp_path / name)
+    with pytest.raises(SystemExit) as stop:
+        checkpoint_utils.load_checkpoint(cfg, _Trainer())
+    assert stop.value.code == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"fairseq-train: error: --save-dir {tmp_path}: checkpoint_last.pt is damaged (truncated ")
+    assert err.endswith(f"; {size}) and no intact checkpoint is left to resume from; remove it to train from the start")
+
+
+KILL_DURING_LAST_COPY = """
+import os, shutil, sys
+copyfile, calls = shutil.copyfile, []
+def copy_then_die(src, dst):  # the second copy to checkpoint_last.pt (update 4): half of it, then kill -9
+    calls.append(dst)
+    if dst.endswith("checkpoint_last.pt.tmp") and sum(c.endswith("last.pt.tmp") for c in calls) == 2:
+        with open(dst, "wb") as f:
+            f.write(open(src, "rb").read()[: os.path.getsize(src) // 2])
+        os._exit(137)
+    return copyfile(src, dst)
+shutil.copyfile = copy_then_die
+from fairseq_cli.train import cli_main
+sys.argv = ["fairseq-train", *sys.argv[1:]]
+cli_main()
+"""
+
+
+@pytest.mark.slow
+def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_path, tiny):
+    """fairseq-train (tiny backbone, 6 updates, saves at 2, 4, 6) is killed half-way through copying
+    checkpoint_last.pt at update 4: checkpoint_last.pt is still the whole update-2 file. Truncated by hand
+    (what stock fairseq's plain copy left), the same command names it, resumes from checkpoint_1_4.pt and
+    ends at update 6 (resuming itself is bit-exact: tests/test_run.py)."""
+    from fairseq_idpg.preprocessing import prepare
+    from fairseq_idpg.run import model_dims
+    from fairseq_idpg_compat import checkpoint_num_updates
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = [f"sentence number {i} is {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(40)]
+    (raw / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (raw / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:8]) + "\n")
+    data = tmp_path / "bin"
+    prepare("SST-2", raw, data, bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), workers=1)
+    dims = [str(x) for kv in model_dims(tiny.model_file).items() for x in kv]
+
+    def train(save, code=None):
+        # fmt: off
+        args = [str(data), "--user-dir", str(Path(__file__).resolve().parents[1] / "fairseq_idpg"),
+                "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
+                "--arch", "roberta", *dims, "--finetune-from-model", str(tiny.model_file),
+                "--init-token", "0", "--separator-token", "2", "--dropout", "0", "--attention-dropout", "0",
+                "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--max-update", "6", "--cpu",
+                "--save-dir", str(save), "--no-epoch-checkpoints", "--save-interval-updates", "2",
+                "--keep-interval-updates", "1", "--validate-interval-updates", "2", "--seed", "1",
+                "--num-workers", "0", "--log-format", "simple", "--log-interval", "1"]
+        # fmt: on
+        cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "fairseq_cli.train", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    save = tmp_path / "killed"
+    out = train(save, KILL_DURING_LAST_COPY)
+    assert out.returncode == 137, out.stderr[-3000:]
+    last = save / "checkpoint_last.pt"
+    assert checkpoint_num_updates(last) == 2 and checkpoint_num_updates(save / "checkpoint_1_4.pt") == 4
+    assert (save / "checkpoint_last.pt.tmp").is_file()  # the copy that was cut short: a temporary only
+
+    _truncate(last, keep=0.5)
+    size = last.stat().st_size
+    out = train(save)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert f"{last} is damaged (truncated or unreadable: " in log
+    fallback = save / "checkpoint_1_4.pt"
+    assert f"; {size:,} bytes); resuming from the newest intact checkpoint {fallback} (update 4)" in log
+    assert "num_updates=5" in log and "num_updates=3" not in log  # it went on from update 4
+    assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert checkpoint_num_updates(last) == 6  # and the leftover temporary was replaced by the next copy

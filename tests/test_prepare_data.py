@@ -1,10 +1,14 @@
 """scripts/prepare_data.py on slices of the real files and on rows written in the distributed formats."""
 
+import contextlib
 import csv
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -396,6 +400,78 @@ def test_existing_out_is_not_replaced(tmp_path, run):
     code, _, err = run("SST-2", sst2(tmp_path / "raw"), out)
     assert code == 2 and "already exists (pass --overwrite" in err
     assert [p.name for p in out.iterdir()] == ["keep"]
+
+
+@pytest.mark.parametrize("where", ["raw", "parent", "grandparent"])
+def test_out_equal_to_or_above_raw_is_refused(tmp_path, run, where):
+    """--out is never the raw folder nor above it, with or without --overwrite (a prepared folder
+    inside the raw folder is allowed: replacing it deletes nothing else)."""
+    raw = sst2(tmp_path / "data" / "glue" / "SST-2")
+    (raw / "task.json").write_text("{}")  # even if it looks like prepared data
+    out = {"raw": raw, "parent": raw.parent, "grandparent": tmp_path / "data" / ".." / "data"}[where]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    code, _, err = run("SST-2", raw, out, "--overwrite")
+    what = "is the --raw folder" if where == "raw" else f"contains the --raw folder {raw}"
+    assert code == 2 and err == (
+        f"prepare_data.py: error: --out {out}: {what}; prepared data goes to a folder that is neither --raw nor "
+        f"above it (e.g. data-bin/SST-2)\n"
+    )
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert run("SST-2", raw, raw / "bin")[0] == 0 and (raw / "bin" / "task.json").is_file()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_prepare_removes_its_temporary_folder(tmp_path, run, monkeypatch, signum):
+    prepare_module = sys.modules["fairseq_idpg.preprocessing.prepare"]
+
+    def interrupted(spec, splits, tmp, *args):
+        (tmp / "input0").mkdir()  # part of the work done
+        os.kill(os.getpid(), signum)
+        time.sleep(30)
+
+    monkeypatch.setattr(prepare_module, "_binarize", interrupted)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) if signum == signal.SIGTERM else contextlib.nullcontext():
+        code, _, err = run("SST-2", sst2(tmp_path / "raw"), tmp_path / "out" / "bin")
+    if signum == signal.SIGINT:
+        assert code == 130
+    assert os.listdir(tmp_path / "out") == []
+    assert signal.getsignal(signal.SIGTERM) == handler  # restored
+
+
+def test_stale_temporary_folders_are_removed_on_the_next_run(tmp_path, run):
+    """Left by kill -9: removed when their process (this host) is gone, or (another host, or the old name
+    without pid) untouched for a day; a live process's folder and other folders' are kept."""
+    from fairseq_idpg.preprocessing.prepare import _host
+
+    out = tmp_path / "bin"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {
+        "dead": f".bin.{_host()}.{dead.pid}.abcd1234.tmp",
+        "alive": f".bin.{_host()}.{os.getpid()}.abcd1234.tmp",
+        "old other host": ".bin.elsewhere.12.abcd1234.tmp",
+        "new other host": ".bin.elsewhere.13.abcd1234.tmp",
+        "old unnamed": ".bin.k2j3h4g5.tmp",
+        "another folder": f".bin.few-shot.{_host()}.{dead.pid}.abcd1234.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "input0").mkdir()
+    day_ago = time.time() - 25 * 3600
+    for key in ("old other host", "old unnamed"):
+        os.utime(tmp_path / names[key], (day_ago, day_ago))
+    code, stdout, _ = run("SST-2", sst2(tmp_path / "raw"), out)
+    assert code == 0
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp"))
+    assert left == sorted(names[k] for k in ("alive", "new other host", "another folder"))
+    assert (
+        f"SST-2: removed {tmp_path / names['dead']}, left by an interrupted preparation "
+        f"(its process {dead.pid} is not running)" in stdout
+    )
+    assert f"removed {tmp_path / names['old unnamed']}, left by an interrupted preparation (untouched for 25 h)" in (
+        stdout
+    )
 
 
 def test_cli_process_error_has_no_traceback(tmp_path):

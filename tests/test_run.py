@@ -382,6 +382,26 @@ def test_prepare_overwrite_replaces_only_prepared_data(tmp_path, tiny):
     assert os.listdir(out) == ["keep.txt"]
 
 
+def test_damaged_checkpoint_last_names_the_file_and_counts_the_newest_intact_one(tmp_path, capsys):
+    """A truncated checkpoint_last.pt: the updates (finished or not) are those of the newest intact
+    checkpoint, which fairseq-train resumes from; none left: one line (was a PyTorch stream error)."""
+    for name, updates in [("checkpoint_best.pt", 3), ("checkpoint_1_4.pt", 4), ("checkpoint_last.pt", 6)]:
+        torch.save({"optimizer_history": [{"num_updates": updates}], "extra_state": {"train_iterator": {}}},
+                   tmp_path / name)  # fmt: skip
+    last = tmp_path / "checkpoint_last.pt"
+    assert main_job.checkpoint_updates(last) == (6, last)
+    last.write_bytes(last.read_bytes()[:100])
+    assert main_job.checkpoint_updates(last) == (4, tmp_path / "checkpoint_1_4.pt")
+    out = capsys.readouterr().out
+    assert out.startswith(f"warning: {last} is damaged (truncated or unreadable: ") and out.endswith(
+        f"; 100 bytes); the newest intact checkpoint is {tmp_path / 'checkpoint_1_4.pt'}\n"
+    )
+    for name in ("checkpoint_best.pt", "checkpoint_1_4.pt"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(main_job.RunError, match=r"is damaged .* and no intact checkpoint is left; --restart trains"):
+        main_job.checkpoint_updates(last)
+
+
 # ---------------------------------------------------------------------------------------- end to end (slow)
 STANDIN = REPO / "models" / "minilm-l6-fairseq"
 # 6 updates of 8 on 64 SST-2 sentences (one epoch = 8 updates), validated and saved at 3 and 6

@@ -15,11 +15,16 @@ sampling options; ``provenance_differences`` says why a prepared folder is not w
 options would prepare now (the main job, ``fairseq_idpg/run.py``, prepares again then).
 """
 
+import contextlib
 import logging
 import os
+import re
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing import Pool
 from pathlib import Path
@@ -32,6 +37,7 @@ from ..data.task_info import TaskInfo
 from .formats import Example, PrepareError, TaskSpec, get_task
 
 FEW_SHOT_DEV = 1000  # IDPG section 4.4: a 1,000-example dev set sampled from train
+STALE_AGE = 24 * 3600  # a temporary folder of another host (or unnamed process) this old is left over
 GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
 
 
@@ -55,51 +61,132 @@ def prepare(
     raw, out = Path(raw), Path(out)
     workers = workers or min(4, os.cpu_count() or 1)
     _check_bpe(bpe, bpe_dir, vocab)
-    _check_out(out, overwrite)
+    _check_out(out, overwrite, raw)
     data = read_raw(spec, raw, strict_sizes)
     splits = make_splits(spec, data, few_shot, dev_from_train, seed)
     origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed)
     print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        umask = os.umask(0o22)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
-        _binarize(spec, splits, tmp, bpe, bpe_dir, vocab, workers)
-        info = TaskInfo(
-            task=spec.name,
-            num_classes=spec.num_classes,
-            regression=spec.regression,
-            pair=spec.pair,
-            metric=spec.metric,
-            splits={s: len(v) for s, v in splits.items()},
-            bpe=bpe,
-            labels=list(spec.labels) if spec.labels else None,
-            few_shot=few_shot,
-            dev_from_train=dev_from_train,
-            seed=seed if few_shot is not None or dev_from_train is not None else None,
-            provenance=origin,
-        )
-        info.write(tmp)
-        _move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _remove_stale(out, spec.name)
+    # .NAME.HOST.PID.xxxx.tmp: a later run can tell whether its process is still running
+    prefix = f".{out.name}.{_host()}.{os.getpid()}."
+    with _sigterm_as_exit():  # SIGTERM, like Ctrl-C, ends in the except clause below
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out.parent))
+        try:
+            umask = os.umask(0o22)
+            os.umask(umask)
+            tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
+            _binarize(spec, splits, tmp, bpe, bpe_dir, vocab, workers)
+            info = TaskInfo(
+                task=spec.name,
+                num_classes=spec.num_classes,
+                regression=spec.regression,
+                pair=spec.pair,
+                metric=spec.metric,
+                splits={s: len(v) for s, v in splits.items()},
+                bpe=bpe,
+                labels=list(spec.labels) if spec.labels else None,
+                few_shot=few_shot,
+                dev_from_train=dev_from_train,
+                seed=seed if few_shot is not None or dev_from_train is not None else None,
+                provenance=origin,
+            )
+            info.write(tmp)
+            _move_into_place(tmp, out)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                print(f"{spec.name}: interrupted; removed the unfinished {tmp}", file=sys.stderr, flush=True)
+            raise
     print(f"{spec.name}: wrote {out} in {time.time() - start:.1f} s", flush=True)
     return info.to_dict()
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
-    """An existing non-empty ``out`` is replaced only with ``overwrite`` and only if it holds prepared data."""
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raises SystemExit(143) in this process (as Ctrl-C raises KeyboardInterrupt), so the temporary
+    folder is removed; forked workers that inherit the handler die as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# after ".OUT": ".HOST.PID.xxxxxxxx.tmp", or ".xxxxxxxx.tmp" (before the host and pid were in the name)
+_TMP_NAME = re.compile(r"(?:\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+))?\.[a-z0-9_]{8}\.tmp")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+
+
+def _remove_stale(out: Path, task: str) -> None:
+    """Remove the temporary folders of ``out`` left by a killed preparation: on this host when their process is
+    no longer running, otherwise (another host, or no pid in the name) when untouched for STALE_AGE."""
+    for path in out.parent.glob(f".{glob_escape(out.name)}.*.tmp"):
+        named = _TMP_NAME.fullmatch(path.name[len(out.name) + 1 :])
+        if named is None or not path.is_dir():
+            continue  # another folder's, or not ours
+        try:
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            continue
+        if named["pid"] and named["host"] == _host():
+            if _running(int(named["pid"])):
+                continue
+            why = f"its process {named['pid']} is not running"
+        elif age > STALE_AGE:
+            why = f"untouched for {age / 3600:.0f} h"
+        else:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        print(f"{task}: removed {path}, left by an interrupted preparation ({why})", flush=True)
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?[])", r"[\1]", name)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _check_out(out: Path, overwrite: bool, raw: Path) -> None:
+    """``out`` must not be the raw folder nor above it (inside it is allowed); an existing non-empty ``out`` is
+    replaced only with ``overwrite`` and only if it holds prepared data (its task.json)."""
+    where, source = out.resolve(), raw.resolve()
+    if where == source or where in source.parents:
+        what = "is the --raw folder" if where == source else f"contains the --raw folder {raw}"
+        raise PrepareError(
+            f"--out {out}: {what}; prepared data goes to a folder that is neither --raw nor above it "
+            f"(e.g. data-bin/{raw.name or 'TASK'})"
+        )
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not overwrite:
-        raise PrepareError(f"--out {out} already exists (pass --overwrite to replace it)")
+        raise PrepareError(f"--out {out}: already exists (pass --overwrite to replace it)")
     if not out.is_dir() or not TaskInfo.exists(out):
         raise PrepareError(
-            f"--out {out} exists and is not a prepared data folder (no task.json): --overwrite replaces only "
+            f"--out {out}: exists and is not a prepared data folder (no task.json): --overwrite replaces only "
             f"prepared data; move it away or choose another --out"
         )
 
