@@ -354,6 +354,7 @@ def parse_args(argv):
     g = p.add_argument_group("budget (default: the method's recipe)")
     g.add_argument("--lr", type=float, help="learning rate")
     g.add_argument("--max-update", type=int, help="updates (the stand-in: 300)")
+    g.add_argument("--epochs", type=float, help="or the budget in epochs of the prepared train set")
     g.add_argument("--total-batch", type=int, help="effective batch per update")
     g.add_argument("--seed", type=int, default=1, help="fairseq-train's seed (default 1)")
     g = p.add_argument_group("devices (the effective batch stays --total-batch)")
@@ -374,7 +375,17 @@ def parse_args(argv):
 
 def check_values(args):
     """Explicit values are used as given, so impossible ones are errors (never 'use the default')."""
-    positive = ("lr", "max_update", "total_batch", "nproc", "batch_size", "update_freq", "max_tokens", "few_shot")
+    positive = (
+        "lr",
+        "max_update",
+        "epochs",
+        "total_batch",
+        "nproc",
+        "batch_size",
+        "update_freq",
+        "max_tokens",
+        "few_shot",
+    )
     for dest in positive + ("dev_from_train",):
         value = getattr(args, dest)
         if value is not None and value <= 0:
@@ -382,6 +393,8 @@ def check_values(args):
     for dest in ("seed", "data_seed"):
         if getattr(args, dest) < 0:
             raise RunError(f"--{dest.replace('_', '-')} must be >= 0, got {getattr(args, dest)}")
+    if args.max_update is not None and args.epochs is not None:
+        raise RunError("--max-update and --epochs exclude each other (both set the budget)")
     if args.few_shot is not None and args.dev_from_train is not None:
         raise RunError("--few-shot and --dev-from-train exclude each other (few-shot samples its own dev set)")
 
@@ -514,12 +527,19 @@ def plan(args, extra, argv):
     from fairseq_idpg.launch import layout
     from fairseq_idpg.methods import METHODS
     from fairseq_idpg.preprocessing import get_task
+    from fairseq_idpg.preprocessing.prepare import FEW_SHOT_DEV
 
     if args.method not in METHODS:
         raise RunError(f"unknown --method {args.method!r}; valid: {', '.join(sorted(METHODS))}")
     method = METHODS[args.method]
     task = canonical_task(args.task)
     spec = get_task(task)
+    if args.few_shot is not None and args.few_shot > spec.sizes[0] - FEW_SHOT_DEV:
+        raise RunError(
+            f"--few-shot {args.few_shot}: {task}'s train file has {spec.sizes[0]:,} rows and the "
+            f"{FEW_SHOT_DEV:,}-example dev set is sampled from it too, so K can be at most "
+            f"{max(0, spec.sizes[0] - FEW_SHOT_DEV):,}"
+        )
     recipe = method.recipe.for_task(task)
     dry = args.dry_run
     start = time.time()
@@ -588,6 +608,9 @@ def plan(args, extra, argv):
     epochs = None
     if args.max_update is not None:
         updates = args.max_update
+    elif args.epochs is not None:
+        updates = dataclasses.replace(recipe, batch=batch, epochs=args.epochs, updates=None).num_updates(train_examples)
+        epochs = args.epochs
     elif standin:
         updates = STANDIN_UPDATES
     else:

@@ -164,6 +164,27 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _few_shot(value, tasks, where):
+    """task -> [(K, its table budget name or None)]. ``value``: K, [K...], or per task
+    ``{default: [100, 500, 1000], CR: [100, 500, 775]}`` (lists of one length): the i-th K of every
+    task shares a table, named ``K=1000 (CR: 775)`` where a task's K differs from the default."""
+    per_task = value if isinstance(value, dict) else {"default": value}
+    per_task = {k if k == "default" else _task(k, where): _list(v, f"{where} ({k})", int) for k, v in per_task.items()}
+    default = per_task.get("default")
+    if default is None:
+        missing = [t for t in tasks if t not in per_task]
+        if missing:
+            raise SweepError(f"{where} names no K for {missing[0]} (give it, or a default)")
+        default = per_task[tasks[0]]
+    if any(len(ks) != len(default) for ks in per_task.values()):
+        raise SweepError(f"{where}: every task's list of K has the same length (the i-th K of each share a table)")
+    names = []
+    for i, k in enumerate(default):
+        differ = [f"{t}: {ks[i]}" for t, ks in per_task.items() if t != "default" and ks[i] != k]
+        names.append(f"K={k} ({', '.join(differ)})" if differ else None)
+    return {t: list(zip(per_task.get(t, default), names)) for t in tasks}
+
+
 def _lrs(value, method, task, where):
     """The learning rates a run list gets: the recipe's grid, its one lr (None), or the list given."""
     if value in (None, "paper"):
@@ -200,7 +221,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
     spec.published = data.get("published")
     all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
     budget = data.get("budget", "full")
-    few_shot, table_budget = None, None  # task -> the K values; the table's name of a per-task budget
+    few_shot = None  # task -> [(K, the table's name of that budget)]
     if budget == "full":
         budgets = [{}]
     elif isinstance(budget, dict):
@@ -211,21 +232,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
         if data_seed != "seed":
             _list(data_seed, f"{path}: budget.data_seed", int)
         if "few_shot" in budget:
-            per_task = budget["few_shot"] if isinstance(budget["few_shot"], dict) else {"default": budget["few_shot"]}
-            for key in per_task:
-                if key != "default":
-                    _task(key, f"{path}: budget.few_shot")
-            per_task = {k if k == "default" else _task(k, ""): v for k, v in per_task.items()}
-            few_shot, table_budget = {}, None
-            for t in all_tasks:
-                if per_task.get(t, per_task.get("default")) is None:
-                    raise SweepError(f"{path}: budget.few_shot names no K for {t} (give it, or a default)")
-                few_shot[t] = _list(per_task.get(t, per_task.get("default")), f"{path}: budget.few_shot ({t})", int)
-            if len(per_task) > 1:  # one table: "K=1000 (CR: 775)"
-                if any(len(ks) > 1 for ks in few_shot.values()):
-                    raise SweepError(f"{path}: budget.few_shot per task takes one K per task")
-                named = ", ".join(f"{t}: {k}" for t, k in per_task.items() if t != "default")
-                table_budget = f"K={per_task['default']} ({named})" if "default" in per_task else f"K=({named})"
+            few_shot = _few_shot(budget["few_shot"], all_tasks, f"{path}: budget.few_shot")
         elif "dev_from_train" in budget:
             budgets = [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
         else:
@@ -263,7 +270,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
             if methods and label not in methods and name not in methods:
                 continue
             if few_shot is not None:
-                budgets = [{"few_shot": k, "data_seed": data_seed, "name": table_budget} for k in few_shot[task]]
+                budgets = [{"few_shot": k, "data_seed": data_seed, "name": name} for k, name in few_shot[task]]
             for b in budgets:
                 for lr in _lrs(variant.get("lrs", data.get("lrs")), METHODS[name], task, f"{where}: lrs"):
                     for seed in run_seeds:

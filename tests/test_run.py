@@ -132,6 +132,12 @@ def test_explicit_values_win_and_the_device_layout_keeps_the_batch(capsys, tmp_p
     assert "run folder: " + str(tmp_path / "checkpoints" / "roberta.large" / "RTE" / "lora" / "lr1e-3.seed7.") in out
 
 
+def test_epochs_given_set_the_budget(capsys, tmp_path):
+    out, flags = dry_run(capsys, tmp_path, "RTE", "--method", "lora", "--model", "roberta.large", "--few-shot", "100",
+                         "--epochs", "50", "--total-batch", "16")  # fmt: skip
+    assert "50 epochs of 100 examples = 350 updates" in out and flags["--max-update"] == "350"
+
+
 def test_epochs_follow_the_batch_given(capsys, tmp_path):
     """--total-batch 32 with a 10-epoch recipe: 10 epochs of 32 (the budget stays in epochs)."""
     _, flags = dry_run(capsys, tmp_path, "RTE", "--method", "lora", "--model", "roberta.large", "--total-batch", "32")
@@ -160,6 +166,9 @@ def test_finetune_table_and_records_agree():
         (["--seed", "-1"], "--seed must be >= 0, got -1"),
         (["--total-batch", "16", "--batch-size", "6"], "--total-batch 16 is not a multiple of --nproc x --batch-size"),
         (["--method", "nope"], "unknown --method 'nope'"),
+        (["--epochs", "0"], "--epochs must be > 0, got 0.0"),
+        (["--epochs", "5", "--max-update", "9"], "--max-update and --epochs exclude each other"),
+        (["--few-shot", "1491"], "--few-shot 1491: RTE's train file has 2,490 rows and the 1,000-example dev set"),
     ],
 )
 def test_impossible_values_are_one_line_errors_before_anything_runs(capsys, tmp_path, flags, message):
