@@ -314,6 +314,9 @@ def tee(cmd, log, progress=None, show=None, keep=False):
             signal.signal(signal.SIGTERM, previous)
     if interrupted or code in (-signal.SIGINT, -signal.SIGTERM, 130):
         raise RunError(f"interrupted; {log} keeps the output; the same command resumes")
+    said = lines[-1].strip() if lines else ""
+    if code == 2 and re.match(r"[\w.-]+: error: ", said):  # the command's own one-line error
+        raise RunError(said.split(": error: ", 1)[1])
     if code:
         tail = "".join(list(lines)[-20:]).rstrip()
         raise RunError(f"command failed with exit code {code}: {cmd[0]} ... {tail and chr(10) + tail}")
@@ -680,11 +683,15 @@ def plan(args, extra, argv):
     else:
         schedule = ["--lr-scheduler", "polynomial_decay", "--total-num-update", updates, "--warmup-updates", warmup]
     intervals = []
-    if standin:  # smoke budgets end inside the first epoch: validate and save (resumably) 3 times
+    if standin:  # smoke budgets: validate and save (resumably) 3 times, whatever the epochs' length
         every = flag_value(extra, "--validate-interval-updates") or max(1, updates // 3)
         intervals += ["--validate-interval-updates", every]
         if flag_value(extra, "--save-interval-updates") is None:
             intervals += ["--save-interval-updates", every]
+        # not also at each epoch's end: few-shot epochs of 32 updates would validate 10 times
+        for flag in ("--validate-interval", "--save-interval"):
+            if flag_value(extra, flag) is None:
+                intervals += [flag, 10**6]
     saves_mid_epoch = "--save-interval-updates" in intervals or flag_value(extra, "--save-interval-updates")
     if saves_mid_epoch and flag_value(extra, "--keep-interval-updates") is None:
         intervals += ["--keep-interval-updates", 1]  # checkpoint_<epoch>_<update>.pt: the latest only

@@ -112,6 +112,7 @@ def test_standin_keeps_its_smoke_budget(capsys, tmp_path):
     assert (flags["--lr"], flags["--max-update"], flags["--total-batch"]) == ("5e-05", "300", "32")
     assert flags["--warmup-updates"] == "18" and flags["--validate-interval-updates"] == "100"
     assert flags["--save-interval-updates"] == "100"  # resumable inside the first epoch
+    assert flags["--validate-interval"] == flags["--save-interval"] == "1000000"  # not at every (short) epoch
     _, flags = dry_run(capsys, tmp_path, "RTE", "--method", "m-idpg-phm")
     assert (flags["--lr"], flags["--max-update"], flags["--total-batch"]) == ("0.005", "300", "16")
 

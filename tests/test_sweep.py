@@ -289,8 +289,8 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
             values = [r["results"]["valid"][r["metric"]] for r in records if r["task"] == task and r["label"] == label]
             row = table[(table["task"] == task) & (table["label"] == label)]
             assert len(values) == 2 and len(row) == 1, (task, label)
-            assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-6)
-            assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-6)
+            assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-4)  # table.csv: 4 decimals
+            assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-4)
             assert row["n"].item() == 2
     assert (out / "table.md").read_text().count("±") >= 4
     for png in ("bars.png", "curves.png"):
