@@ -68,6 +68,15 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    directory and metadata read (what truncation destroys); tensor bytes are not checked.
    ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run.py``).
 
+10. ``one_line_errors``: fairseq-train and fairseq-validate printed every configuration error as the last
+   line of a 20-40 line traceback. ``ConfigError`` (the one exception type for a user's mistake; the
+   checks of ``fairseq_idpg`` raise it, see ``fairseq_idpg/errors.py``) now ends them with
+   ``PROG: error: MESSAGE`` on stderr and exit status 2; any other exception keeps its traceback. Before
+   anything runs, values that cannot be right are refused the same way: ``--lr`` <= 0, negative
+   ``--max-update``/``--max-epoch``/``--num-workers``, ``--batch-size``/``--max-tokens``/``--update-freq``
+   < 1, and fairseq-validate's ``--path`` when it is missing or not a checkpoint (was ``KeyError: None``).
+   A save folder that fairseq-train made for a run refused this way is removed when still empty.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -194,6 +203,10 @@ def no_fast_path_duplicates(transformer_layer):
     layer_cls._fairseq_idpg_compat = True
 
 
+class ConfigError(ValueError):
+    """A configuration or input that cannot be right; entry points print it as one line, exit 2 (fix 10)."""
+
+
 # ---------------------------------------------------------------- 5. fairseq-validate
 def _flag_value(argv, flag):
     for i, arg in enumerate(argv):
@@ -230,14 +243,22 @@ def validate_defaults_from_checkpoint(validate):
     def cli_main():
         argv = sys.argv[1:]
         path = _flag_value(argv, "--path")
+        if not path and "-h" not in argv and "--help" not in argv:
+            raise ConfigError("--path is required: the checkpoint to score (written by fairseq-train)")
+        for each in (path or "").split(os.pathsep) if path else []:
+            if not os.path.isfile(each):
+                what = "a folder" if os.path.isdir(each) else "no such file"
+                raise ConfigError(f"--path {each}: {what} (expected a checkpoint file written by fairseq-train)")
         missing = [f for f in ("--task", "--criterion") if _flag_value(argv, f) is None]
         if path and missing:
             first = path.split(os.pathsep)[0]
-            if os.path.isfile(first):
+            try:
                 task, criterion = saved_task_and_criterion(first)
-                defaults = {"--task": task, "--criterion": criterion}
-                for flag in missing:
-                    sys.argv += [flag, defaults[flag]]
+            except Exception as e:
+                raise ConfigError(f"--path {first}: not a fairseq checkpoint ({_damage(e)})") from None
+            defaults = {"--task": task, "--criterion": criterion}
+            for flag in missing:
+                sys.argv += [flag, defaults[flag]]
         return original()
 
     cli_main._fairseq_idpg_compat = True
@@ -450,13 +471,74 @@ def _patch_checkpoint_utils(module):
     resume_from_intact_checkpoint(module)
 
 
+# ---------------------------------------------------------------- 10. one-line errors
+def check_values(cfg):
+    """ConfigError for the fairseq values that cannot be right (fix 10); 0 keeps fairseq's meaning "no limit"."""
+    data, opt = cfg.dataset, cfg.get("optimization")
+    checks = [
+        ("--batch-size", data.batch_size, 1),
+        ("--max-tokens", data.max_tokens, 1),
+        ("--num-workers", data.num_workers, 0),
+    ]
+    if opt is not None:
+        checks += [("--max-update", opt.max_update, 0), ("--max-epoch", opt.max_epoch, 0)]
+        checks += [("--update-freq", f, 1) for f in opt.update_freq]
+    for flag, value, least in checks:
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be >= {least}, got {value}")
+    for lr in opt.lr if opt is not None else ():
+        if not lr > 0:
+            raise ConfigError(f"--lr must be > 0 (the learning rate), got {lr:g}")
+
+
+def _one_line(prog, call):
+    """Run ``call()``; a ConfigError ends the process with ``prog: error: message`` and exit status 2."""
+    try:
+        return call()
+    except ConfigError as e:
+        message = " ".join(str(e).split())  # one line, whatever the check wrote
+        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def one_line_errors(module, prog):
+    """``module.cli_main`` (fairseq_cli.train or .validate) reports a ConfigError in one line; its ``main``
+    refuses impossible values first and, for training, removes the save folder it made for a refused run."""
+    if getattr(module.cli_main, "_fairseq_idpg_one_line", False):
+        return
+    original_main, original_cli = module.main, module.cli_main
+
+    def main(cfg, *args, **kwargs):
+        save_dir = cfg.checkpoint.save_dir if prog == "fairseq-train" else None
+        existed = save_dir is None or os.path.exists(save_dir)
+        try:
+            check_values(cfg)
+            return original_main(cfg, *args, **kwargs)
+        except ConfigError:
+            if not existed and os.path.isdir(save_dir) and not os.listdir(save_dir):
+                os.rmdir(save_dir)
+            raise
+
+    def cli_main(*args, **kwargs):
+        return _one_line(prog, lambda: original_cli(*args, **kwargs))
+
+    cli_main._fairseq_idpg_one_line = cli_main._fairseq_idpg_compat = True
+    module.main, module.cli_main = main, cli_main
+
+
+def _patch_validate(module):
+    validate_defaults_from_checkpoint(module)
+    one_line_errors(module, "fairseq-validate")
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
-    "fairseq_cli.validate": validate_defaults_from_checkpoint,
+    "fairseq_cli.train": lambda module: one_line_errors(module, "fairseq-train"),
+    "fairseq_cli.validate": _patch_validate,
     "hydra.core.plugins": hydra_plugin_scan_without_find_module,
     "fairseq.dataclass.utils": _patch_loaded_hydra,
 }

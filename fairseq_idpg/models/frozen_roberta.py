@@ -36,6 +36,7 @@ import torch
 from fairseq.models.roberta import RobertaModel
 
 from fairseq_idpg.data.sentence_representation_cache import cache_key
+from fairseq_idpg.errors import BackboneMismatch, BackboneNotFound, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +55,19 @@ def read_backbone(path):
     with one line naming ``--backbone``, the file and how to give the right one."""
     file = Path(path)
     if not file.exists():
-        raise FileNotFoundError(f"--backbone {path}: no such file; {RELOCATE}")
+        raise BackboneNotFound(f"--backbone {path}: no such file; {RELOCATE}")
     if file.is_dir():
         inside = file / "model.pt"
         hint = f"did you mean {inside}?" if inside.is_file() else RELOCATE
-        raise ValueError(f"--backbone {path}: is a folder, not a fairseq checkpoint file; {hint}")
+        raise ConfigError(f"--backbone {path}: is a folder, not a fairseq checkpoint file; {hint}")
     try:
         state = _load(file)
     except Exception as e:  # unpickling, zip and EOF errors of a file that is not a (whole) checkpoint
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"--backbone {path}: not a fairseq checkpoint (torch.load: {reason}); {RELOCATE}") from None
+        raise ConfigError(f"--backbone {path}: not a fairseq checkpoint (torch.load: {reason}); {RELOCATE}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         held = f"a dict of {', '.join(map(str, list(state)[:4]))}" if isinstance(state, dict) else type(state).__name__
-        raise ValueError(
+        raise ConfigError(
             f"--backbone {path}: not a fairseq checkpoint (it holds {held}, no 'model' weights); {RELOCATE}"
         )
     return state["model"]
@@ -179,7 +180,7 @@ class FrozenBackboneRobertaModel(RobertaModel):
                 else f"shape of {mismatched[0]}: {tuple(weights[mismatched[0]].shape)} in the file, "
                 f"{tuple(own[mismatched[0]].shape)} in the model"
             )
-            raise ValueError(
+            raise ConfigError(
                 f"--backbone {path}: does not fit this architecture ({problem}); give the encoder flags of "
                 f"that checkpoint (--encoder-layers, --encoder-embed-dim, ...), or {RELOCATE}"
             )
@@ -243,14 +244,14 @@ class FrozenBackboneRobertaModel(RobertaModel):
         current = self.backbone_fingerprint()
         backbone = getattr(self.args, "backbone", None) or "the one built (no --backbone given)"
         if saved.shape != current.shape or not torch.equal(saved[:, 0], current[:, 0]):
-            raise RuntimeError(
+            raise BackboneMismatch(
                 f"checkpoint was trained on another backbone: it froze {saved.shape[0]} tensors "
                 f"({int(saved[:, 0].sum()):,} values), this model's backbone {backbone} has "
                 f"{current.shape[0]} ({int(current[:, 0].sum()):,}); {RELOCATE}"
             )
         rel = ((saved[:, 1] - current[:, 1]).abs() / current[:, 1].abs().clamp_min(1e-12)).max().item()
         if rel > FINGERPRINT_RTOL:
-            raise RuntimeError(
+            raise BackboneMismatch(
                 f"checkpoint was trained on another backbone: the frozen weights of {backbone} differ "
                 f"from those it was trained with (largest relative change of a tensor's sum of squares "
                 f"{rel:.2e} > {FINGERPRINT_RTOL}); {RELOCATE}"

@@ -11,6 +11,8 @@ It is idempotent: fairseq calls the architecture function at parse time, and ``b
 calls it again for models built from a plain namespace or a stored config.
 """
 
+from fairseq_idpg.errors import ConfigError
+
 
 def flag(dest):
     """The command-line spelling of an option: ``idpg_phm_n`` -> ``--idpg-phm-n``."""
@@ -26,7 +28,7 @@ def resolve_preset(args, presets, preset_dest, defaults, default=None):
         name = default
         setattr(args, preset_dest, name)
     if name is not None and name not in presets:
-        raise ValueError(f"{flag(preset_dest)} must be one of {', '.join(presets)}, got {name!r}")
+        raise ConfigError(f"{flag(preset_dest)} must be one of {', '.join(presets)}, got {name!r}")
     preset = presets.get(name, {})
     for key in (*defaults, *(k for k in preset if k not in defaults)):
         if getattr(args, key, None) is None:
@@ -38,13 +40,13 @@ def check_choice(args, dest, valid):
     """One line naming the flag and what would be valid."""
     value = getattr(args, dest)
     if value not in valid:
-        raise ValueError(f"{flag(dest)} must be one of {', '.join(map(str, valid))}, got {value!r}")
+        raise ConfigError(f"{flag(dest)} must be one of {', '.join(map(str, valid))}, got {value!r}")
 
 
 def check_at_least(args, dest, minimum, why=""):
     value = getattr(args, dest)
     if value is None or value < minimum:
-        raise ValueError(f"{flag(dest)} must be >= {minimum}{why and ' (' + why + ')'}, got {value}")
+        raise ConfigError(f"{flag(dest)} must be >= {minimum}{why and ' (' + why + ')'}, got {value}")
 
 
 def _unlock(args):

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
+from ..errors import ConfigError
 
-class PrepareError(Exception):
+
+class PrepareError(ConfigError):
     """Bad input to the data preparation; the CLI prints the message as one line and exits 2."""
 
 

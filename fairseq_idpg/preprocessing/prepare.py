@@ -59,6 +59,8 @@ def prepare(
     start = time.time()
     spec = get_task(task)
     raw, out = Path(raw), Path(out)
+    if workers is not None and workers < 1:
+        raise PrepareError(f"--workers must be >= 1, got {workers}")
     workers = workers or min(4, os.cpu_count() or 1)
     _check_bpe(bpe, bpe_dir, vocab)
     _check_out(out, overwrite, raw)
@@ -264,6 +266,8 @@ def read_raw(spec: TaskSpec, raw: Path, strict_sizes: bool = False) -> Dict[str,
     data = {}
     for name, official in zip(spec.files, spec.sizes):
         data[name] = spec.read(raw / name)
+        if not data[name]:
+            raise PrepareError(f"{raw / name}: no examples (empty or header only; expected the {spec.name} rows)")
         _check_size(spec, name, len(data[name]), official, strict_sizes)
     return data
 

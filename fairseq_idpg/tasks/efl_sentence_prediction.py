@@ -32,6 +32,7 @@ from omegaconf import OmegaConf, open_dict
 
 from fairseq_idpg.data.data_bpe import encode_with_data_bpe, find_data_bpe
 from fairseq_idpg.data.label_descriptions import hypotheses_for
+from fairseq_idpg.errors import option_checks
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 
@@ -106,7 +107,8 @@ class EflSentencePredictionTask(PeftSentencePredictionTask):
 
         with _writable(cfg):
             cfg.max_positions = self.cfg.max_positions
-        model = models.build_model(cfg, self, from_checkpoint)
+        with option_checks():
+            model = models.build_model(cfg, self, from_checkpoint)
         install_entailment_head(model, self.cfg.classification_head_name)
         self.set_num_inserted_tokens(inserted_tokens(model) + self.suffix_budget)
         return model

@@ -40,6 +40,7 @@ from omegaconf import open_dict
 
 from fairseq_idpg.data import TruncatedSentencesDataset
 from fairseq_idpg.data.task_info import TaskInfo
+from fairseq_idpg.errors import ConfigError, option_checks
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS
 
 from .model_protocol import inserted_tokens
@@ -63,16 +64,9 @@ class PeftSentencePredictionTask(SentencePredictionTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        info = TaskInfo.read(cfg.data) if os.path.isdir(cfg.data) else None
-        if cfg.num_classes <= 0 and info is not None:
-            with open_dict(cfg):
-                cfg.num_classes = info.num_outputs
-        if cfg.num_classes <= 0:
-            raise ValueError(
-                f"--num-classes is required ({TaskInfo.path(cfg.data)} not found; "
-                f"it is written by scripts/prepare_data.py)"
-            )
-        return super().setup_task(cfg, **kwargs)
+        with option_checks():
+            check_data(cfg)
+            return super().setup_task(cfg, **kwargs)
 
     # ------------------------------------------------------------------ the hook
     def set_num_inserted_tokens(self, n):
@@ -92,7 +86,8 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         self.num_inserted_tokens = n
 
     def build_model(self, cfg, from_checkpoint=False):
-        model = super().build_model(cfg, from_checkpoint)
+        with option_checks():
+            model = super().build_model(cfg, from_checkpoint)
         self.set_num_inserted_tokens(inserted_tokens(model))
         return model
 
@@ -104,7 +99,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
     def load_dataset(self, split, combine=False, **kwargs):
         input0 = self._load_split("input0", split, self.source_dictionary, combine)
         if input0 is None:
-            raise FileNotFoundError(
+            raise ConfigError(
                 f"dataset not found: {os.path.join(self.cfg.data, 'input0', split)}.bin/.idx "
                 f"(splits are written by scripts/prepare_data.py)"
             )
@@ -146,20 +141,53 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         if not self.cfg.regression_target:
             labels = self._load_split("label", split, self.label_dictionary, combine)
             if labels is None:
-                return None
+                raise ConfigError(
+                    f"{self.cfg.data}: no labels for split {split!r} ({os.path.join(self.cfg.data, 'label', split)}"
+                    f".bin/.idx; scripts/prepare_data.py writes them for every split)"
+                )
             labels = StripTokenDataset(labels, id_to_strip=self.label_dictionary.eos())
             return OffsetTokensDataset(labels, offset=-self.label_dictionary.nspecial)
         path = os.path.join(self.cfg.data, "label", f"{split}.label")
         if not os.path.exists(path):
-            return None
+            raise ConfigError(f"{self.cfg.data}: no labels for split {split!r} ({path}; scripts/prepare_data.py)")
         with open(path) as f:
             rows = [line.split() for line in f]
         bad = next((i for i, r in enumerate(rows) if len(r) != self.cfg.num_classes), None)
         if bad is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}, line {bad + 1}: expected {self.cfg.num_classes} regression value(s), found {len(rows[bad])}"
             )
         return RawLabelDataset([[float(x) for x in r] for r in rows])
+
+
+def check_data(cfg):
+    """The data folder exists, has the files the task reads, and agrees with ``--num-classes`` (which
+    its task.json sets when not given)."""
+    data = cfg.data
+    if not isinstance(data, str) or not os.path.isdir(data):
+        raise ConfigError(f"DATA {data}: no such folder (expected a folder prepared by scripts/prepare_data.py)")
+    for need in ("input0/dict.txt",) + (() if cfg.regression_target else ("label/dict.txt",)):
+        if not os.path.isfile(os.path.join(data, need)):
+            raise ConfigError(f"DATA {data} lacks {need} (expected a folder prepared by scripts/prepare_data.py)")
+    info = TaskInfo.read(data)
+    if info is None:
+        if cfg.num_classes <= 0:
+            raise ConfigError(f"--num-classes is required: {TaskInfo.path(data)} (prepare_data.py writes it) not found")
+        return
+    if cfg.num_classes <= 0:
+        with open_dict(cfg):
+            cfg.num_classes = info.num_outputs
+    elif cfg.num_classes != info.num_outputs:
+        what = "a regression score" if info.regression else f"{info.num_outputs} classes"
+        raise ConfigError(
+            f"--num-classes {cfg.num_classes}: the data in {data} has {what} ({TaskInfo.path(data)}); "
+            f"give --num-classes {info.num_outputs} or leave it out"
+        )
+    if info.regression != bool(cfg.regression_target):
+        raise ConfigError(
+            f"{data} holds {info.task}, a {'regression' if info.regression else 'classification'} task: "
+            f"{'give' if info.regression else 'drop'} --regression-target"
+        )
 
 
 def _pair_from_folders(data):
