@@ -75,7 +75,7 @@ def test_prompt_init_uniform_by_default_gaussian_as_option():
     assert abs(x.std().item() - 0.5 / math.sqrt(3)) < 0.005
     y = init_prompt_(torch.empty(200, 500), "normal", 0.1)
     assert abs(y.std().item() - 0.1) < 0.002 and y.abs().max().item() > 0.3  # unbounded tails
-    with pytest.raises(ValueError, match="prompt init must be one of uniform, normal, got 'xavier'"):
+    with pytest.raises(ValueError, match="prompt init must be one of uniform, normal, vocab, zero, got 'xavier'"):
         init_prompt_(torch.empty(2), "xavier")
 
 
@@ -217,7 +217,7 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
             r"--residual-prompt-bottleneck must be >= 1",
         ),
         ({"prompt_position": 5}, r"--prompt-position must be one of 0-4, got 5"),
-        ({"prompt_init": "zeros"}, r"--prompt-init must be one of uniform, normal, got 'zeros'"),
+        ({"prompt_init": "xavier"}, r"--prompt-init must be one of uniform, normal, vocab, zero, got 'xavier'"),
         (
             {"prompt_matrix": "sparse"},
             r"--prompt-matrix must be one of full, low-rank, rank-probe, residual, got 'sparse'",

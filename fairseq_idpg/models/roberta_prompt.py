@@ -33,19 +33,32 @@ residual-prompt          residual m = 400, 100       DPT Table 1 (Razdaibiedina 
 deep-dpt                 low-rank b = 10, 100, deep  beyond DPT: A_k B_k at every layer
 =======================  ==========================  ==========================================
 
-Every prompt tensor starts U(-0.5, 0.5) (``--prompt-init``, ``--prompt-init-scale``), as the
-authors' DPT code and IDPG's prompt biases do. DPT ran T5 only; on RoBERTa the prompt goes in like
+Every prompt tensor starts U(-0.5, 0.5) by default (``--prompt-init``, ``--prompt-init-scale``), as
+the authors' DPT code and IDPG's prompt biases do. ``--prompt-init vocab`` starts P from l rows of
+the frozen token embeddings once the backbone is loaded (Lester et al. 2021 section 3; PEFT's
+RANDOM_DISCRETE; DPT: their best rank-b approximation A B; ``--prompt-init-top-tokens N`` draws
+from the first N ordinary dictionary entries, Lester's 5,000 most frequent for RoBERTa's
+frequency-sorted dict.txt); ``--prompt-init zero`` starts P = 0 (DPT: B = 0, LoRA-style). Why and
+with which learning rates: docs/long-prompts.md. DPT ran T5 only; on RoBERTa the prompt goes in like
 prompt tuning's. The rank probe logs the number of positive entries of s as ``prompt_rank`` at
 every validation of fairseq-train (``scripts/plot_rank_probe.py`` plots it).
 """
 
+import torch
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
 
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
-from fairseq_idpg.modules.prompts.soft_prompts import INITS, FullPrompt, LowRankPrompt, RankProbePrompt, ResidualPrompt
+from fairseq_idpg.modules.prompts.soft_prompts import (
+    INITS,
+    FullPrompt,
+    LowRankPrompt,
+    RankProbePrompt,
+    ResidualPrompt,
+    sample_vocab_rows,
+)
 
 PRESET = "prompt_preset"
 
@@ -71,6 +84,7 @@ DEFAULTS = {  # DPT section 3: b = 10; residual prompt tuning's bottleneck 400; 
     "prompt_deep": False,
     "prompt_init": "uniform",
     "prompt_init_scale": 0.5,
+    "prompt_init_top_tokens": 0,  # --prompt-init vocab: every ordinary token
     "dpt_bottleneck": 10,
     "dpt_probe_s_init": 0.02,
     "residual_prompt_bottleneck": 400,
@@ -140,8 +154,20 @@ class RobertaPromptModel(PromptedRobertaModel):
             default=None,
             help="a prompt per layer (P-tuning v2): inserted at the input, added at the prompt slots after 1..L-1",
         )
-        group.add_argument("--prompt-init", choices=INITS, help="uniform(-s, s) (default) or normal(0, s^2)")
+        group.add_argument(
+            "--prompt-init",
+            choices=INITS,
+            help="uniform(-s, s) (default), normal(0, s^2), vocab (rows of the frozen token embeddings; "
+            "DPT: their rank-b SVD) or zero (P = 0; DPT: B = 0, LoRA-style)",
+        )
         group.add_argument("--prompt-init-scale", type=float, metavar="S", help="s of --prompt-init (default 0.5)")
+        group.add_argument(
+            "--prompt-init-top-tokens",
+            type=int,
+            metavar="N",
+            help="--prompt-init vocab: draw from the first N ordinary dictionary entries (0: all, default; "
+            "Lester et al. use the 5000 most frequent, the first 5000 of RoBERTa's dict.txt)",
+        )
         group = parser.add_argument_group("DPT")
         group.add_argument("--dpt-bottleneck", type=int, metavar="B", help="rank b of P = A B, below min(l, d) (10)")
         group.add_argument("--dpt-probe-rank", type=int, metavar="R", help="rank probe: size r of s (min(l, d))")
@@ -193,6 +219,43 @@ class RobertaPromptModel(PromptedRobertaModel):
             raise ValueError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
         if not args.prompt_init_scale > 0:
             raise ValueError(f"--prompt-init-scale must be > 0, got {args.prompt_init_scale}")
+        check_at_least(args, "prompt_init_top_tokens", 0)
+
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)  # the backbone is loaded here
+        if args.prompt_init == "vocab":
+            model.start_prompt_from_vocab()
+        return model
+
+    def ordinary_tokens(self):
+        """[V] bool: the dictionary entries a prompt may start from: not fairseq's specials
+        (``<s> <pad> </s> <unk>``, ``<mask>``), bracketed markers (WordPiece ``[CLS]``,
+        ``[unused0]``) or RoBERTa's ``madeupword`` fillers; only the first N of them with
+        ``--prompt-init-top-tokens N``."""
+        enc = self.encoder.sentence_encoder
+        symbols = enc.dictionary.symbols
+        nspecial = enc.dictionary.nspecial
+        keep = [
+            i >= nspecial
+            and not (sym.startswith("<") and sym.endswith(">"))
+            and not (sym.startswith("[") and sym.endswith("]"))
+            and not sym.startswith("madeupword")
+            for i, sym in enumerate(symbols)
+        ]
+        keep += [False] * (enc.embed_tokens.num_embeddings - len(keep))  # rows beyond the dictionary
+        mask = torch.tensor(keep[: enc.embed_tokens.num_embeddings], dtype=torch.bool)
+        top = self.args.prompt_init_top_tokens
+        if top:
+            mask &= mask.cumsum(0) <= top
+        return mask
+
+    def start_prompt_from_vocab(self):
+        """``--prompt-init vocab``: P (P_0 when deep) starts at l distinct rows of the frozen token
+        embeddings (``sample_vocab_rows``), through the prompt module's ``start_from_``."""
+        table = self.encoder.sentence_encoder.embed_tokens.weight
+        rows = sample_vocab_rows(table, self.args.prompt_length, self.ordinary_tokens())
+        self.prompt.start_from_(rows)
 
     # ------------------------------------------------------------------ the prompts
     def prompts(self, src_tokens, **net_input):

@@ -13,28 +13,73 @@ module               P                                                trainable
 ``ResidualPrompt``   P' = P + LN(W_up ReLU(W_down P + b_d) + b_u)      l d + 2 d m + m + 3 d
 ===================  ===============================================  ========================
 
-Initialisation: U(-scale, scale) with scale 0.5 for every prompt tensor and factor, as in the
-authors' DPT code (``init_prefix_weights``) and IDPG's prompt biases c, so that prompt tuning
-keeps one distribution whichever paper's preset builds it; N(0, scale^2) is the option matching
-DPT's "Gaussian". The rank probe's s starts at a positive constant. The residual
-reparameterisation's MLP keeps PyTorch's Linear/LayerNorm initialisation (Razdaibiedina et al.
-2023, the baseline of DPT Table 1).
+Initialisation (``INITS``): U(-scale, scale) with scale 0.5 for every prompt tensor and factor, as
+in the authors' DPT code (``init_prefix_weights``) and IDPG's prompt biases c, so that prompt
+tuning keeps one distribution whichever paper's preset builds it; N(0, scale^2) is the option
+matching DPT's "Gaussian". Two starts that the long-prompt recipes use (docs/long-prompts.md):
+
+- ``vocab``: P starts as l rows of the frozen token-embedding table (``sample_vocab_rows``):
+  Lester et al. 2021 section 3 / google-research/prompt-tuning ``from_sampled_vocab.gin``,
+  PEFT's ``PromptTuningInit.RANDOM_DISCRETE`` (huggingface/peft#2815), Residual PT's default.
+  Every module takes such a P through ``start_from_(P)``: the full and residual prompts copy it,
+  DPT's factors are its best rank-b approximation (truncated SVD, split evenly between A and B),
+  the rank probe's U, V its SVD. Deep stacks start P_0 there and P_1..P_{L-1} at zero, so that the
+  deep model starts as the shallow one.
+- ``zero``: LoRA-style (Hu et al. 2021; zrguo/MPLMM#12 for product prompts): the right factor
+  (DPT's B, the probe's V) and full or residual P start at 0, the left factor U(-scale, scale),
+  so that P = 0 at the start and the gradient still reaches the zero factor.
+
+The rank probe's s starts at a positive constant. The residual reparameterisation's MLP keeps
+PyTorch's Linear/LayerNorm initialisation (Razdaibiedina et al. 2023, the baseline of DPT Table 1).
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-INITS = ("uniform", "normal")
+INITS = ("uniform", "normal", "vocab", "zero")
+RANDOM_INITS = ("uniform", "normal")  # the draws of ``init_prompt_``; vocab and zero start from them
 
 
 def init_prompt_(tensor, init="uniform", scale=0.5):
-    """U(-scale, scale) (authors' DPT code) or N(0, scale^2) (the paper's "Gaussian"), in place."""
-    if init == "uniform":
+    """U(-scale, scale) (authors' DPT code) or N(0, scale^2) (the paper's "Gaussian"), in place.
+
+    ``vocab`` and ``zero`` draw U(-scale, scale) here: the model overwrites P with vocabulary rows
+    once the backbone is loaded (``start_from_``), and ``zero`` keeps the left factor's draw."""
+    if init in ("uniform", "vocab", "zero"):
         return nn.init.uniform_(tensor, -scale, scale)
     if init == "normal":
         return nn.init.normal_(tensor, 0.0, scale)
     raise ValueError(f"prompt init must be one of {', '.join(INITS)}, got {init!r}")
+
+
+def sample_vocab_rows(embeddings, num_rows, candidates=None, generator=None):
+    """``num_rows`` distinct rows of ``embeddings`` [V, d], drawn uniformly among ``candidates``
+    ([V] bool, the ordinary tokens; default all), as a new tensor [num_rows, d].
+
+    Lester et al. 2021 (section 3, "sampled vocab"; ``from_sampled_vocab.gin`` draws from the 5,000
+    most frequent tokens) and PEFT's ``RANDOM_DISCRETE``. Without replacement while there are
+    enough candidates, with replacement otherwise."""
+    ids = torch.arange(embeddings.size(0), device=embeddings.device)
+    if candidates is not None:
+        ids = ids[candidates.to(embeddings.device)]
+    if ids.numel() == 0:
+        raise ValueError("no vocabulary rows to sample a prompt from")
+    if num_rows <= ids.numel():
+        pick = torch.randperm(ids.numel(), generator=generator, device="cpu")[:num_rows]
+    else:
+        pick = torch.randint(ids.numel(), (num_rows,), generator=generator, device="cpu")
+    return embeddings.detach()[ids[pick.to(ids.device)]].clone()
+
+
+def split_low_rank(P, rank):
+    """Factors (A [l, rank], B [rank, d]) of the best rank-``rank`` approximation of P [l, d]
+    (Eckart-Young, truncated SVD), the singular values split evenly: A = U_r S_r^1/2, B = S_r^1/2 V_r^T.
+    Computed in float32 or wider and returned in P's dtype."""
+    work = P.detach().to(torch.promote_types(P.dtype, torch.float32))
+    U, S, Vh = torch.linalg.svd(work, full_matrices=False)
+    root = S[:rank].sqrt()
+    return (U[:, :rank] * root).to(P.dtype), (root.unsqueeze(1) * Vh[:rank]).to(P.dtype)
 
 
 def _stack_shape(stack):
@@ -52,9 +97,26 @@ class FullPrompt(nn.Module):
     def __init__(self, length, dim, stack=0, init="uniform", scale=0.5):
         super().__init__()
         self.weight = nn.Parameter(init_prompt_(torch.empty(*_stack_shape(stack), length, dim), init, scale))
+        if init == "zero":
+            self.zero_()
 
     def forward(self):
         return self.weight
+
+    @torch.no_grad()
+    def start_from_(self, P):
+        """Start at P [l, d]; a stack starts P_0 = P and P_1.. = 0 (the shallow model)."""
+        start = torch.zeros_like(self.weight)
+        if self.weight.dim() == 3:
+            start[0] = P
+        else:
+            start.copy_(P)
+        self.weight.copy_(start)
+
+    @torch.no_grad()
+    def zero_(self):
+        """P = 0 (``--prompt-init zero``)."""
+        self.weight.zero_()
 
 
 class LowRankPrompt(nn.Module):
@@ -69,9 +131,27 @@ class LowRankPrompt(nn.Module):
         lead = _stack_shape(stack)
         self.A = nn.Parameter(init_prompt_(torch.empty(*lead, length, bottleneck), init, scale))
         self.B = nn.Parameter(init_prompt_(torch.empty(*lead, bottleneck, dim), init, scale))
+        if init == "zero":
+            self.zero_()
 
     def forward(self):
         return torch.matmul(self.A, self.B)
+
+    @torch.no_grad()
+    def start_from_(self, P):
+        """A B = the best rank-b approximation of P [l, d] (``split_low_rank``). A stack starts
+        A_0 B_0 there and B_k = 0 for k >= 1 (A_k keeps its draw: P_k = 0, LoRA-style)."""
+        A, B = split_low_rank(P, self.B.size(-2))
+        if self.A.dim() == 3:
+            self.A[0], self.B[0] = A, B
+            self.B[1:] = 0
+        else:
+            self.A.copy_(A), self.B.copy_(B)
+
+    @torch.no_grad()
+    def zero_(self):
+        """B = 0, A kept (LoRA-style): P = 0, and dL/dB = A^T dL/dP is not."""
+        self.B.zero_()
 
 
 class RankProbePrompt(nn.Module):
@@ -89,10 +169,24 @@ class RankProbePrompt(nn.Module):
         self.U = nn.Parameter(init_prompt_(torch.empty(length, rank), init, scale))
         self.s = nn.Parameter(torch.full((rank,), float(s_init)))
         self.V = nn.Parameter(init_prompt_(torch.empty(rank, dim), init, scale))
+        if init == "zero":
+            self.zero_()
 
     def forward(self):
         # U diag(relu(s)) V without forming the diagonal matrix: scale U's columns
         return torch.matmul(self.U * F.relu(self.s), self.V)
+
+    @torch.no_grad()
+    def start_from_(self, P):
+        """U ReLU(diag(s)) V = P's best rank-r approximation at the current s (> 0):
+        ``split_low_rank`` with U's columns divided by s."""
+        U, V = split_low_rank(P, self.s.numel())
+        self.U.copy_(U / F.relu(self.s).clamp_min(torch.finfo(self.s.dtype).tiny)), self.V.copy_(V)
+
+    @torch.no_grad()
+    def zero_(self):
+        """V = 0, U kept (LoRA-style)."""
+        self.V.zero_()
 
     def num_positive(self):
         """Number of positive entries of s (an int; the probe's estimate of the rank)."""
@@ -115,7 +209,19 @@ class ResidualPrompt(nn.Module):
         self.down = nn.Linear(dim, bottleneck)
         self.up = nn.Linear(bottleneck, dim)
         self.norm = nn.LayerNorm(dim)
+        if init == "zero":
+            self.zero_()
 
     def forward(self):
         P = self.weight
         return P + self.norm(self.up(F.relu(self.down(P))))
+
+    @torch.no_grad()
+    def start_from_(self, P):
+        """The skip path's P starts at P (the MLP's LayerNorm output is added on top of it)."""
+        self.weight.copy_(P)
+
+    @torch.no_grad()
+    def zero_(self):
+        """The skip path's P = 0 (the MLP still adds LN(MLP(0)) = LN(b_up + ...))."""
+        self.weight.zero_()
