@@ -302,6 +302,7 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path):
     """The Slurm path through submitit's local executor: one finished run (reported cached by run.py) as a job."""
     opts = sweep.parse_args([str(smoke["spec"]), "--executor", "slurm", "--work-dir", str(smoke["work"])])
     spec = sweep.load_spec(smoke["spec"], tasks=["RTE"], methods=["lora"], seeds=[1])
+    opts.model = spec.model  # as sweep() sets it
     (run,) = spec.runs
     plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
     assert plan.finished
