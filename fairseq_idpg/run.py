@@ -35,8 +35,9 @@ Where the files come from:
 Hyperparameters: the method's recipe (``Method.recipe.for_task(task)`` in
 ``fairseq_idpg/methods.py``: lr, effective batch, epochs or updates, scheduler and warmup,
 clipping, weight decay, the dev split that selects checkpoint_best), with Adam (0.9, 0.98), eps
-1e-6, dropout 0.1. With roberta.* or a model folder the updates are the recipe's epochs over the
-prepared train set; the stand-in keeps a smoke budget (300 updates; full fine-tuning at lr 5e-5).
+1e-6, the recipe's encoder dropout (0.1; 0 for the l = 100 prompts). With roberta.* or a model
+folder the updates are the recipe's epochs over the prepared train set; the stand-in keeps a smoke
+budget (300 updates; full fine-tuning at lr 5e-5).
 Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are checked first.
 """
 
@@ -660,6 +661,7 @@ def plan(args, extra, argv):
         "warmup": recipe.warmup if recipe.scheduler == "polynomial_decay" else 0.0,
         "warmup_updates": warmup,
         "clip_norm": recipe.clip_norm,
+        "dropout": recipe.dropout,
         "weight_decay": recipe.weight_decay,
         "select_on": select,
         "valid_subset": valid_subset,
@@ -702,7 +704,7 @@ def plan(args, extra, argv):
         "--criterion", "sentence_prediction_metrics", "--num-classes", num_outputs,
         "--init-token", 0, "--separator-token", 2,
         *[x for kv in dims.items() for x in kv], *init,
-        "--dropout", 0.1, "--attention-dropout", 0.1, "--weight-decay", recipe.weight_decay,
+        "--dropout", recipe.dropout, "--attention-dropout", recipe.dropout, "--weight-decay", recipe.weight_decay,
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", 1e-06, "--clip-norm", recipe.clip_norm,
         *schedule, "--lr", lr, "--max-update", updates,
         "--valid-subset", ",".join(valid_subset),
@@ -727,7 +729,7 @@ def plan(args, extra, argv):
         + (f"{epochs:g} epochs of {train_examples:,} examples = " if epochs is not None else "")
         + f"{updates:,} updates, lr {lr:g} ({recipe.scheduler}"
         + (f", warmup {recipe.warmup:.0%} = {warmup:,} updates" if recipe.scheduler == "polynomial_decay" else "")
-        + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, "
+        + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, dropout {recipe.dropout:g}, "
         + f"selection on {select} ({SPLIT_NAMES.get(select, select)}) by {metric}"
     )
     overridden = [f for f in ("--clip-norm", "--lr-scheduler", "--warmup-updates", "--weight-decay") if f in extra]

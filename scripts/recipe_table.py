@@ -13,7 +13,18 @@ from pathlib import Path
 from fairseq_idpg.methods import LARGE_TASKS, METHODS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
-FIELDS = ("lr", "scheduler", "warmup", "batch", "epochs", "updates", "clip_norm", "weight_decay", "select_on")
+FIELDS = (
+    "lr",
+    "scheduler",
+    "warmup",
+    "batch",
+    "epochs",
+    "updates",
+    "clip_norm",
+    "weight_decay",
+    "dropout",
+    "select_on",
+)
 
 
 def _num(value):
@@ -57,9 +68,9 @@ def render():
         "`checkpoint_best.pt` (MNLI: `valid` = dev-matched, `valid1` = dev-mismatched; other tasks",
         f"have only `valid`). Large tasks: {', '.join(LARGE_TASKS)}.",
         "",
-        "| method | arch | lr (grid) | scheduler, warmup | batch | budget | clip | weight decay | selection "
+        "| method | arch | lr (grid) | scheduler, warmup | batch | budget | clip | weight decay | dropout | selection "
         "| per task |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, method in METHODS.items():
         r = method.recipe
@@ -69,7 +80,7 @@ def render():
         schedule = r.scheduler + ("" if r.scheduler == "fixed" else f", {r.warmup:.0%}")
         lines.append(
             f"| `{name}` | `{method.arch}` | {lr} | {schedule} | {_num(r.batch)} | {_budget(r)} | {_num(r.clip_norm)} "
-            f"| {_num(r.weight_decay)} | {r.select_on} | {_per_task(r)} |"
+            f"| {_num(r.weight_decay)} | {_num(r.dropout)} | {r.select_on} | {_per_task(r)} |"
         )
     lines += ["", "## Where each value comes from", ""]
     groups = {}

@@ -52,12 +52,10 @@ def run(cmd, timeout=300):
 
 
 def valid_fields(log):
-    rows = []
-    for line in log.splitlines():
-        if "valid on 'valid' subset" in line:
-            parts = [p.strip().split(" ", 1) for p in line.split("subset |", 1)[1].split("|")]
-            rows.append({k: v for k, v in (p for p in parts if len(p) == 2)})
-    return rows
+    """The 'valid' subset's statistics of each validation in a fairseq log (json or simple format)."""
+    from fairseq_idpg.logs import read_log
+
+    return [e.stats for e in read_log(log) if e.tag == "valid"]
 
 
 def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_slice):
@@ -192,6 +190,7 @@ def test_main_job_trains_dpt_on_the_standin(tmp_path, shared_data):
     # DPT's recipe on the stand-in's smoke budget: lr 5e-3, 10% warmup, clip 1.0, weight decay 1e-5
     config = results["config"]
     assert (config["lr"], config["warmup_updates"], config["clip_norm"], config["weight_decay"]) == (5e-3, 0, 1.0, 1e-5)
+    assert config["dropout"] == 0.0 and "--dropout 0.0 --attention-dropout 0.0" in out  # the long-prompt recipe
     # the compact checkpoint, rebuilt on the frozen stand-in, scores what fairseq-train's validation printed
     assert results["score"] == float(valid_fields((save / "train.log").read_text())[-1]["accuracy"])
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
