@@ -224,7 +224,8 @@ class RobertaPromptModel(PromptedRobertaModel):
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)  # the backbone is loaded here
-        if args.prompt_init == "vocab":
+        # on the meta device (parameter counts, models/build.py) there is no table to sample from
+        if args.prompt_init == "vocab" and not model.encoder.sentence_encoder.embed_tokens.weight.is_meta:
             model.start_prompt_from_vocab()
         return model
 
