@@ -180,13 +180,6 @@ def checkpoint_updates(path):
 
 
 # ---------------------------------------------------------------------------------------- results
-def parse_valid_line(text):
-    """``{subset: {metric: number}}`` of the last score line per subset in a fairseq log (json or simple)."""
-    from fairseq_idpg.logs import read_log
-
-    return {e.tag: e.stats for e in read_log(text) if re.fullmatch(r"valid\d*|test\d*", e.tag)}
-
-
 SHOWN_METRICS = ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")
 
 

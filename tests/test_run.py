@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fairseq_idpg import run as main_job
-from fairseq_idpg.logs import read_log, validations
+from fairseq_idpg.logs import read_log, validate_scores, validations
 from fairseq_idpg.methods import FINETUNE_TABLE, METHODS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_folder_names_and_finding_runs(tmp_path):
 
 def test_scores_are_numbers():
     line = "x | valid | valid on 'valid1' subset | loss 0.95 | accuracy 70 | f1 58.82 | num_updates 8 | odd n/a"
-    assert main_job.parse_valid_line(line) == {
+    assert {e.tag: e.stats for e in read_log(line)} == {
         "valid1": {"loss": 0.95, "accuracy": 70, "f1": 58.82, "num_updates": 8, "odd": "n/a"}
     }
 
@@ -476,7 +476,7 @@ def test_first_run_live_log_results_and_folder(first_run):
     assert results["seed"] == 1 and isinstance(results["score"], float)
     assert all(isinstance(v, (int, float)) for v in results["results"]["valid"].values())
     assert all(isinstance(v, float) for v in results["timings"].values()) and results["timings"]["train"] > 0
-    validated = main_job.parse_valid_line((folder / "validate.log").read_text())
+    validated = validate_scores((folder / "validate.log").read_text(), ["valid"])
     assert results["score"] == validated["valid"]["accuracy"]  # what fairseq-validate printed
     trained = validations((folder / "train.log").read_text())  # fairseq-train's --log-format json lines
     assert results["score"] == max(e.stats["accuracy"] for e in trained)  # checkpoint_best was scored
