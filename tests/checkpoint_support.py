@@ -123,6 +123,16 @@ def assert_compact_and_resumable(save, updates):
     assert any(m.abs().sum() > 0 for m in moments)
 
 
+def forget_best_score():
+    """Drop the best validation score fairseq keeps on ``checkpoint_utils.save_checkpoint.best``
+    across trainings in one process: an in-process fairseq-train must start as a new process does,
+    or it writes no checkpoint_best.pt unless it beats an earlier training's score."""
+    from fairseq import checkpoint_utils
+
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
+
+
 def hub(save, checkpoint="checkpoint_best.pt", data=None, **overrides):
     """``RobertaModel.from_pretrained`` of a run (docs/using.md) with the stand-in's WordPiece; ``data``:
     the prepared folder (default: the one recorded in the checkpoint)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_support import forget_best_score
 
 REPO = Path(__file__).resolve().parents[1]
 DIMS = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64"]
@@ -49,7 +50,9 @@ def world(tmp_path_factory, tiny):
     prepare = ["SST-2", "--raw", str(sst2(work / "raw")), "--out", str(data), "--bpe", "wordpiece"]
     assert load_script("prepare_data.py").main(prepare + ["--vocab", str(tiny.folder / "vocab.txt")]) == 0
     w = types.SimpleNamespace(work=work, data=data, tiny=tiny, save=work / "trained")
+    forget_best_score()
     code, err = call(train.cli_main, "fairseq-train", train_argv(w, "prompt-tuning-5", w.save))
+    forget_best_score()  # for the trainings of later tests in this process
     assert code == 0 and (w.save / "checkpoint_best.pt").is_file(), err
     return w
 

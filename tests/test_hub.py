@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from checkpoint_support import HEAD, REPO, STANDIN, hub, hub_dev_accuracy, load_trained
+from checkpoint_support import HEAD, REPO, STANDIN, forget_best_score, hub, hub_dev_accuracy, load_trained
 
 from fairseq_idpg.methods import get_method
 from fairseq_idpg.models.frozen_roberta import RELOCATE, export_checkpoint
@@ -27,11 +27,13 @@ DIMS += ["--encoder-attention-heads", "12", "--max-positions", "512"]
 
 
 def fairseq_train(argv):
-    """fairseq-train's ``cli_main`` without the interpreter start: parse, then ``main``."""
+    """fairseq-train's ``cli_main`` without the interpreter start: parse, then ``main``, from the
+    state a new process has."""
     from fairseq import distributed_utils, options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import train
 
+    forget_best_score()
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
 
