@@ -10,6 +10,7 @@
 the meta device, so a model is built the same way in tests, counts, benchmarks and fairseq-train.
 """
 
+import itertools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +32,22 @@ def shared_data() -> Path:
     if not (SHARED / "data").is_dir():
         pytest.skip(f"{SHARED / 'data'} not found (the real task data lives beside the checkout)")
     return SHARED / "data"
+
+
+@pytest.fixture(scope="session")
+def glue_slices(shared_data, tmp_path_factory) -> Path:
+    """A ``$GLUE_DIR`` of small slices of the real GLUE files: the first 160 rows of each train file
+    and the first 48 of each dev file (and the header line), for end-to-end runs that check the
+    plumbing (commands, metrics, records), not a score."""
+    root = tmp_path_factory.mktemp("glue-slices")
+    for task in sorted(p for p in (shared_data / "glue").iterdir() if p.is_dir()):
+        (root / task.name).mkdir()
+        for raw in sorted(task.glob("*.tsv")):
+            rows = 160 if raw.name.startswith("train") else 48
+            with raw.open(encoding="utf-8", newline="") as lines:
+                head = "".join(itertools.islice(lines, rows + 1))
+            (root / task.name / raw.name).write_text(head, encoding="utf-8", newline="")
+    return root
 
 
 @pytest.fixture(scope="session")

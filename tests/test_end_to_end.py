@@ -74,11 +74,13 @@ def prepared(task, work_dir):
     return data
 
 
-def test_sst2_finetuned_standin_reaches_80(work_dir):
-    stdout, results, _ = run_main_job("SST-2", work_dir, "--max-update", "200")
+def test_sst2_finetuned_standin_learns(work_dir):
+    # measured: 78.7 after 100 updates (71.8 at 33, 77.3 at 66); 84.6 after 200; the dev set's
+    # majority class is 50.9
+    stdout, results, _ = run_main_job("SST-2", work_dir, "--max-update", "100")
     accuracy = results["results"]["valid"]["accuracy"]
-    print(f"SST-2 dev accuracy {accuracy} after 200 updates; times {results['timings']}")
-    assert accuracy >= 80.0
+    print(f"SST-2 dev accuracy {accuracy} after 100 updates; times {results['timings']}")
+    assert accuracy >= 75.0
     assert "valid: " in stdout and "accuracy" in stdout  # the metrics are printed for the user
 
 
@@ -86,9 +88,10 @@ def test_sst2_finetuned_standin_reaches_80(work_dir):
     "task,metric",
     [("RTE", "accuracy"), ("MRPC", "acc_and_f1"), ("STS-B", "pearson_and_spearman"), ("CoLA", "mcc")],
 )
-def test_each_task_runs_with_its_metric(work_dir, task, metric):
-    extra = ["--max-update", "20", "--total-batch", "16", "--validate-interval-updates", "20"]
-    stdout, results, folder = run_main_job(task, work_dir, *extra)
+def test_each_task_runs_with_its_metric(glue_slices, tmp_path, task, metric):
+    # small slices of the real files (160 train, 48 dev rows): what is checked is the metric's plumbing
+    extra = ["--raw", str(glue_slices / task), "--max-update", "4", "--total-batch", "8"]
+    stdout, results, folder = run_main_job(task, tmp_path, *extra, "--validate-interval-updates", "4")
     assert results["metric"] == metric
     value = results["results"]["valid"][metric]
     # the number fairseq-validate printed for checkpoint_best, stored as a number and shown to the user
@@ -97,7 +100,7 @@ def test_each_task_runs_with_its_metric(work_dir, task, metric):
     assert f"{metric} {value}" in stdout
     # and the one fairseq-train's (only) validation printed: checkpoint_best is the model that was scored
     trained = [e.stats[metric] for e in validations((folder / "train.log").read_text())]
-    assert trained == [value] and results["curve"] == [{"updates": 20, "split": "valid", **_shown(results)}]
+    assert trained == [value] and results["curve"] == [{"updates": 4, "split": "valid", **_shown(results)}]
 
 
 def _shown(results):

@@ -230,13 +230,15 @@ def records_of(folder):
 
 
 @pytest.fixture(scope="module")
-def smoke(shared_data, tmp_path_factory):
-    """The smoke sweep, interrupted after 2 runs finished, then run again to the end."""
+def smoke(glue_slices, tmp_path_factory):
+    """The smoke sweep on small slices of the real RTE and MRPC files, interrupted after 2 runs
+    finished, then run again to the end."""
     work = tmp_path_factory.mktemp("sweep")
     spec = write_spec(work, SMOKE)
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--jobs", "2", "--work-dir", str(work)]
     records = work / "sweeps" / "smoke" / "records"
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    env = {**os.environ, "GLUE_DIR": str(glue_slices)}
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     deadline = time.time() + 900
     while len(records_of(records)) < 2 and first.poll() is None and time.time() < deadline:
         time.sleep(1)
@@ -247,7 +249,7 @@ def smoke(shared_data, tmp_path_factory):
     results_first = {
         p: p.stat().st_mtime_ns for p in (work / "checkpoints").rglob("results.json") if p.parent.name in finished_first
     }
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
     return {"work": work, "spec": spec, "first": first_out, "first_code": first.returncode, "second": second,
             "done_first": done_first, "results_first": results_first, "records": records}  # fmt: skip
 
