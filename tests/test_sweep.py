@@ -250,7 +250,7 @@ def smoke(glue_slices, tmp_path_factory):
         p: p.stat().st_mtime_ns for p in (work / "checkpoints").rglob("results.json") if p.parent.name in finished_first
     }
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
-    return {"work": work, "spec": spec, "first": first_out, "first_code": first.returncode, "second": second,
+    return {"work": work, "spec": spec, "env": env, "first": first_out, "first_code": first.returncode, "second": second,
             "done_first": done_first, "results_first": results_first, "records": records}  # fmt: skip
 
 
@@ -300,8 +300,9 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
 
 @pytest.mark.slow
-def test_submitit_local_executor_runs_the_array(smoke, tmp_path):
+def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     """The Slurm path through submitit's local executor: one finished run (reported cached by run.py) as a job."""
+    monkeypatch.setenv("GLUE_DIR", smoke["env"]["GLUE_DIR"])  # the smoke sweep's data (and the job's)
     opts = sweep.parse_args([str(smoke["spec"]), "--executor", "slurm", "--work-dir", str(smoke["work"])])
     spec = sweep.load_spec(smoke["spec"], tasks=["RTE"], methods=["lora"], seeds=[1])
     opts.model = spec.model  # as sweep() sets it
