@@ -250,8 +250,17 @@ def smoke(glue_slices, tmp_path_factory):
         p: p.stat().st_mtime_ns for p in (work / "checkpoints").rglob("results.json") if p.parent.name in finished_first
     }
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
-    return {"work": work, "spec": spec, "env": env, "first": first_out, "first_code": first.returncode, "second": second,
-            "done_first": done_first, "results_first": results_first, "records": records}  # fmt: skip
+    return {
+        "work": work,
+        "spec": spec,
+        "env": env,
+        "first": first_out,
+        "first_code": first.returncode,
+        "second": second,
+        "done_first": done_first,
+        "results_first": results_first,
+        "records": records,
+    }
 
 
 @pytest.mark.slow
