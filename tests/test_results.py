@@ -166,6 +166,21 @@ def test_spec_keeps_its_cells_in_its_order_with_its_published_table(tmp_path, ca
     ]
 
 
+def test_a_spec_in_progress_shows_its_unrun_cells_as_missing(tmp_path, capsys):
+    write_grid(tmp_path / "runs")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: t\ntasks: [SST-2, CR]\nseeds: [1, 2, 3]\nmethods: [m-idpg-phm, {label: DPT, method: dpt}]\n")
+    assert main([str(tmp_path / "runs"), "--spec", str(spec), "--out-dir", str(tmp_path / "out")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[:3] == [
+        "| method | SST-2 (accuracy) | CR | average |",
+        "| m-idpg-phm | 82.0 ± 2.0 | — | 82.0 (1 of 2 tasks) |",
+        "| DPT | — | — | — |",
+    ]
+    csv = pd.read_csv(tmp_path / "out" / "table.csv")
+    assert len(csv[csv["task"] != "average"]) == 4 and csv["mean"].notna().sum() == 2  # one cell and its average
+
+
 def test_a_folder_without_records_is_a_one_line_error():
     empty = REPO / "fairseq_idpg" / "published"  # data files, no record
     out = subprocess.run([sys.executable, "-m", "fairseq_idpg.results", str(empty)], capture_output=True, text=True)

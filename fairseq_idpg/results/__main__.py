@@ -56,7 +56,11 @@ def main(argv=None):
         print(f"results: error: {e}", file=sys.stderr)
         return 2
     chosen = choose_runs(runs, args.select)
-    order = {"labels": table_spec.labels, "tasks": table_spec.tasks} if table_spec else {}
+    order = (
+        {"labels": table_spec.labels, "tasks": table_spec.tasks, "spec_methods": table_spec.methods}
+        if table_spec
+        else {}
+    )
     long = long_table(cells(chosen), paper, **order)
     text = markdown(long, args.select, published.describe(name) if name else None)
     csv = long.to_csv(index=False, float_format="%.6g")

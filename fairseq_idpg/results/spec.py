@@ -4,7 +4,7 @@ budgets, read by the sweep's own loader. ``--spec`` keeps only the runs of those
 checkpoints folder holding other runs gives the spec's table."""
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import pandas as pd
 
@@ -14,9 +14,13 @@ from .records import RecordsError
 @dataclass
 class TableSpec:
     published: Optional[str]
-    labels: List[str]
+    methods: Dict[str, str]  # the rows: label -> method, in the spec's order
     tasks: List[str]
     budgets: List[str]
+
+    @property
+    def labels(self) -> List[str]:
+        return list(self.methods)
 
 
 def read_spec(path) -> TableSpec:
@@ -30,7 +34,7 @@ def read_spec(path) -> TableSpec:
     ordered = lambda values: list(dict.fromkeys(values))  # noqa: E731
     return TableSpec(
         spec.published,
-        ordered(r.label for r in runs),
+        {r.label: r.method for r in runs},
         ordered(r.task for r in runs),
         ordered(r.budget for r in runs),
     )

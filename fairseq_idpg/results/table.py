@@ -16,7 +16,7 @@ over those same tasks.
 """
 
 import math
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
@@ -94,18 +94,23 @@ def long_table(
     published: Optional[pd.DataFrame] = None,
     labels: Sequence[str] = (),
     tasks: Sequence[str] = (),
+    spec_methods: Optional[Dict[str, str]] = None,
 ) -> pd.DataFrame:
     """Every (model, budget) group's full grid, long: one row per (label, task) including missing
     cells (no mean), plus one ``average`` row per label; ``published`` / ``published_std`` beside.
 
     ``published``: rows of ``published.lookup`` (budget, task, method, mean, std); ``labels``,
-    ``tasks``: the row and column order (a sweep spec's), before the published table's."""
+    ``tasks``: the row and column order (a sweep spec's), before the published table's; ``tasks``
+    and ``spec_methods`` (a spec's label -> method) are in every group's grid, measured or not."""
+    spec_methods = spec_methods or {}
     order = list(tasks) + (_published_tasks(published) or [])
     columns = CELL + ["method", "metric", "split", "lr", "n", "mean", "std", "published", "published_std"]
     blocks = []
     for (model, budget), group in measured.groupby(["model", "budget"], sort=False):
-        task_names = task_columns(group["task"], order)
-        methods = group.groupby("label")["method"].first()
+        # a spec's cells are all rows and columns, run or not, so a sweep in progress shows what is missing
+        task_names = task_columns(list(group["task"]) + list(tasks), order)
+        methods = pd.concat([group.groupby("label")["method"].first(), pd.Series(spec_methods, dtype=object)])
+        methods = methods[~methods.index.duplicated()]
         label_names = row_labels(methods, labels, _published_methods(published) or [])
         grid = pd.MultiIndex.from_product([label_names, task_names], names=["label", "task"]).to_frame(index=False)
         grid.insert(0, "budget", budget)
@@ -195,7 +200,9 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
         metrics = {t: _first(measured.loc[measured["task"] == t, "metric"]) for t in tasks}
         splits = {t: _first(measured.loc[measured["task"] == t, "split"]) for t in tasks}
         out.append(f"## {model}, {'full data' if budget == 'full' else budget}\n")
-        out.append("| method | " + " | ".join(f"{t} ({metrics[t]})" for t in tasks) + " | average |")
+        out.append(
+            "| method | " + " | ".join(f"{t} ({metrics[t]})" if metrics[t] else t for t in tasks) + " | average |"
+        )
         out.append("|---|" + "---:|" * (len(tasks) + 1))
         for label in labels:
             scores = [score_text(*cell.loc[(label, t), ["mean", "std", "published"]]) for t in tasks]
