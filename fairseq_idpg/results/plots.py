@@ -50,6 +50,8 @@ def bar_figure(long: pd.DataFrame) -> Figure:
         paper_shown = False
         for i, label in enumerate(labels):
             mine = cells[(cells["label"] == label) & cells["mean"].notna()]
+            if mine.empty:  # a row still to run: no bar, no legend entry
+                continue
             x = np.array([tasks.index(t) for t in mine["task"]]) - 0.4 + width * (i + 0.5)
             ax.bar(
                 x,
@@ -70,7 +72,8 @@ def bar_figure(long: pd.DataFrame) -> Figure:
         ax.set_ylim(bottom=max(0, math.floor((low - 5) / 5) * 5) if np.isfinite(low) else 0)
         ax.set_xticks(range(len(tasks)), [f"{t}\n({_first(cells, t, 'metric')})" for t in tasks])
         ax.set_title(f"{model}, {'full data' if budget == 'full' else budget}: mean ± std over seeds")
-        ax.legend(fontsize="small", ncols=min(4, len(labels) + paper_shown))
+        # beside the axes: over them it hides the bars of the last task
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return figure
 
 
