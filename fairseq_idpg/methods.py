@@ -79,11 +79,14 @@ class Recipe:
 @dataclass(frozen=True)
 class Method:
     """One method: ``arch`` + ``options`` (model attributes, e.g. ``{"idpg_preset": ...}``) +
-    the ``recipe``; ``task``: the fairseq task it trains with."""
+    the ``recipe``; ``task``: the fairseq task it trains with. ``blocks``: the block settings of a
+    ``roberta_blocks`` method (block options, attribute names), what ``--blocks-preset NAME`` fills;
+    not in ``options``, so run folders' hashes stay as they were."""
 
     name: str
     arch: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    blocks: Mapping[str, Any] = field(default_factory=dict)
     recipe: Recipe = Recipe()
     task: str = "peft_sentence_prediction"
     frozen_backbone: bool = True
@@ -276,69 +279,53 @@ register(
     )
 )
 
-# Blocks in the frozen layers (--arch roberta_blocks): inducer-tuning and the adapter family.
+# Blocks in the frozen layers (--arch roberta_blocks): inducer-tuning and the adapter family. Each record's
+# ``blocks`` are its block settings (fairseq_idpg/blocks/: one file per block, its options and their
+# defaults); ``--blocks-preset NAME`` is the record's name.
+# inducer-tuning's records put a LoRA given on top of them on W_q only (section 4.5)
+_INDUCER = {"lora_targets": "q", "inducer_value": "extended", "inducer_output": "residual"}
 _BLOCK_METHODS = (
-    ("inducer", INDUCER_RECIPE, "inducer-tuning 6/4", "Inducer-tuning Table 5 (NLU)"),
-    ("inducer-lora", INDUCER_RECIPE, "inducer-tuning + LoRA on W_q, 2/4/4", "Inducer-tuning Table 5 (NLU)"),
-    ("mam-inducer", INDUCER_RECIPE, "MAM inducer-tuning 2/2/4/12", "Inducer-tuning Table 5 (NLU)"),
-    (
-        "inducer-adaptive",
-        INDUCER_RECIPE,
-        "ablation Adaptive (k~ = q, per-head value), NLU budget",
-        "Inducer-tuning Table 3",
-    ),
-    (
-        "inducer-extension",
-        INDUCER_RECIPE,
-        "ablation Extension (k~ = q, extended value), NLU budget",
-        "Inducer-tuning Table 3",
-    ),
-    (
-        "inducer-gating",
-        INDUCER_RECIPE,
-        "ablation Gating ((1 - lambda) Attn + lambda v~), 6/4",
-        "Inducer-tuning Table 3",
-    ),
-    (
-        "prefix-tuning",
-        INDUCER_RECIPE,
-        "prefix tuning, l = 32, MLP-reparameterised (export stores the prefixes)",
-        "Li & Liang 2021; inducer-tuning baseline",
-    ),
-    ("lora", INDUCER_RECIPE, "LoRA on W_q and W_v, r = 16, alpha = 32", "Hu et al. 2021; inducer-tuning baseline"),
-    (
-        "houlsby-adapter",
-        INDUCER_RECIPE,
-        "Houlsby adapter, r = 16, 2 per layer",
-        "Houlsby et al. 2019; IDPG and inducer-tuning baseline",
-    ),
+    # inducer-tuning, Table 5 (NLU rows: r_k / r_v / LoRA rank / FFN-adapter bottleneck)
+    ("inducer", dict(_INDUCER, inducer_key_rank=6, inducer_value_rank=4), INDUCER_RECIPE,
+     "inducer-tuning 6/4", "Inducer-tuning Table 5 (NLU)"),
+    ("inducer-lora", dict(_INDUCER, inducer_key_rank=2, inducer_value_rank=4, lora_rank=4), INDUCER_RECIPE,
+     "inducer-tuning + LoRA on W_q, 2/4/4", "Inducer-tuning Table 5 (NLU)"),
+    ("mam-inducer",
+     dict(_INDUCER, inducer_key_rank=2, inducer_value_rank=2, lora_rank=4, ffn_adapter_dim=12, ffn_adapter_scale=2.0),
+     INDUCER_RECIPE, "MAM inducer-tuning 2/2/4/12", "Inducer-tuning Table 5 (NLU)"),
+    # Table 3 ablations, at the NLU budget of "inducer"
+    ("inducer-adaptive", dict(_INDUCER, inducer_key_rank=0, inducer_value_rank=32, inducer_value="per-head"),
+     INDUCER_RECIPE, "ablation Adaptive (k~ = q, per-head value), NLU budget", "Inducer-tuning Table 3"),
+    ("inducer-extension", dict(_INDUCER, inducer_key_rank=0, inducer_value_rank=5), INDUCER_RECIPE,
+     "ablation Extension (k~ = q, extended value), NLU budget", "Inducer-tuning Table 3"),
+    ("inducer-gating", dict(_INDUCER, inducer_key_rank=6, inducer_value_rank=4, inducer_output="gated"),
+     INDUCER_RECIPE, "ablation Gating ((1 - lambda) Attn + lambda v~), 6/4", "Inducer-tuning Table 3"),
+    # the adapter family
+    ("prefix-tuning", {"prefix_length": 32}, INDUCER_RECIPE,
+     "prefix tuning, l = 32, MLP-reparameterised (export stores the prefixes)",
+     "Li & Liang 2021; inducer-tuning baseline"),
+    ("lora", {"lora_rank": 16, "lora_targets": "q,v"}, INDUCER_RECIPE, "LoRA on W_q and W_v, r = 16, alpha = 32",
+     "Hu et al. 2021; inducer-tuning baseline"),
+    ("houlsby-adapter", {"adapter": "houlsby", "adapter_dim": 16}, INDUCER_RECIPE,
+     "Houlsby adapter, r = 16, 2 per layer", "Houlsby et al. 2019; IDPG and inducer-tuning baseline"),
     # Compacter's own configuration trains with 3e-3
-    (
-        "compacter",
-        replace(INDUCER_RECIPE, lr=3e-3, sources={**INDUCER_RECIPE.sources, "lr": "Compacter's config"}),
-        "Compacter, n = 4, r = 16, PHM rank 1, 2 per layer",
-        "IDPG appendix A.1.2",
-    ),
-    (
-        "mam-adapter",
-        INDUCER_RECIPE,
-        "MAM adapter: prefix 16 + parallel FFN adapter 16, s = 2",
-        "He et al. 2021; inducer-tuning baseline",
-    ),
+    ("compacter", {"adapter": "compacter", "adapter_dim": 16, "compacter_n": 4, "compacter_rank": 1},
+     replace(INDUCER_RECIPE, lr=3e-3, sources={**INDUCER_RECIPE.sources, "lr": "Compacter's config"}),
+     "Compacter, n = 4, r = 16, PHM rank 1, 2 per layer", "IDPG appendix A.1.2"),
+    ("mam-adapter", {"prefix_length": 16, "ffn_adapter_dim": 16, "ffn_adapter_scale": 2.0}, INDUCER_RECIPE,
+     "MAM adapter: prefix 16 + parallel FFN adapter 16, s = 2", "He et al. 2021; inducer-tuning baseline"),
     # biases alone need a larger step: the top of the BitFit paper's range
-    (
-        "bitfit",
-        replace(INDUCER_RECIPE, lr=1e-3, sources={**INDUCER_RECIPE.sources, "lr": "BitFit paper's range, top"}),
-        "BitFit: every bias of the encoder",
-        "Ben Zaken et al. 2021; inducer-tuning baseline",
-    ),
-)
-for _name, _recipe, _description, _source in _BLOCK_METHODS:
+    ("bitfit", {"bitfit": True},
+     replace(INDUCER_RECIPE, lr=1e-3, sources={**INDUCER_RECIPE.sources, "lr": "BitFit paper's range, top"}),
+     "BitFit: every bias of the encoder", "Ben Zaken et al. 2021; inducer-tuning baseline"),
+)  # fmt: skip
+for _name, _blocks, _recipe, _description, _source in _BLOCK_METHODS:
     register(
         Method(
             _name,
             arch="roberta_blocks",
             options={"blocks_preset": _name, "save_trainable_only": True},
+            blocks=_blocks,
             recipe=_recipe,
             description=_description,
             source=_source,

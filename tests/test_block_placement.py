@@ -10,7 +10,9 @@ written out by hand from fairseq's weights (post-LN, as RoBERTa: ``normalize_bef
                                                        MAM adapter, MAM inducer-tuning section 5.2), s = 2
 
 with f(h) = s (W_up Dropout(ReLU(W_down h + b_d)) + b_u) (``BottleneckAdapter``) or PHM_up(GELU(PHM_down(h)))
-(``CompacterAdapter``). Every trained tensor is set to random non-zero values first: the zero-initialised
+(``CompacterAdapter``). A block the reference does not write out (a new one) is called through its slot's
+convention at the slot's place (``modules/slots.py``): its placement is checked, its maths is its own tests'.
+Every trained tensor is set to random non-zero values first: the zero-initialised
 up-projections would make every placement agree. The misplaced variants show the check can fail: moving the
 attention adapter after the LayerNorm (in the reference or in the layer itself) no longer matches.
 
@@ -27,22 +29,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import build_tiny
 
+from fairseq_idpg.blocks import BLOCKS
+from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 
 LENGTHS = (7, 5, 3)  # one full row and two padded ones
 ATOL = 1e-5
-# the four adapter-family presets of the placement question first, then every other block of the family
-ADAPTER_PRESETS = ["houlsby-adapter", "compacter", "mam-adapter", "mam-inducer"]
-OTHER_PRESETS = [
-    "inducer",
-    "inducer-lora",
-    "inducer-adaptive",
-    "inducer-extension",
-    "inducer-gating",
-    "prefix-tuning",
-    "lora",
-    "bitfit",  # no block: fairseq's own layer, so the reference itself is checked
-]
+
+
+def method_slots(name):
+    """The slots the blocks of method ``name`` attach to (from its record's block settings)."""
+    settings = METHODS[name].blocks
+    configs = (
+        cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}})
+        for cls in BLOCKS.values()
+    )
+    return {slot for config in configs if config.active() for slot in config.slots}
+
+
+# every method of the family, from the records: the adapter-family methods of the placement question (an
+# adapter before, beside or after a sublayer) first, then every other (bitfit: no module, so fairseq's own
+# layer, and the reference itself is checked)
+BLOCK_METHODS = [name for name, method in METHODS.items() if method.arch == "roberta_blocks"]
+ADAPTER_PRESETS = [name for name in BLOCK_METHODS if method_slots(name) & {"after_attention", "ffn", "after_ffn"}]
+OTHER_PRESETS = [name for name in BLOCK_METHODS if name not in ADAPTER_PRESETS]
 MISPLACEMENTS = {
     "attn-adapter-after-ln": "the attention adapter after LN_1: LN_1(x + h) + f(LN_1(x + h))",
     "ffn-adapter-after-ln": "the FFN adapter after LN_2",
@@ -134,26 +144,34 @@ def reference_prefixes(encoder, layer):
     return P[:, layer, 0], P[:, layer, 1]
 
 
+def slot_blocks(host, slot):
+    """(name, block) of the blocks attached to ``slot`` of ``host``, in order (none in fairseq's own modules)."""
+    names = getattr(host, "slots", {}).get(slot, [])
+    return [(name, getattr(host, name)) for name in names if getattr(host, name, None) is not None]
+
+
 def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
     """The attention sublayer W_o Attn(x) + b_o [T, B, d], with whatever blocks ``attn`` carries."""
     length, bsz, dim = x.shape
     heads = attn.num_heads
     head_dim = dim // heads
-    q, k, v = linear(x, attn.q_proj), linear(x, attn.k_proj), linear(x, attn.v_proj)
-    if getattr(attn, "lora_q", None) is not None:  # drawn in the module's order: LoRA q, then LoRA v
-        q = q + reference_lora(attn.lora_q, x, drop, misplace)
-    if getattr(attn, "lora_v", None) is not None:
-        v = v + reference_lora(attn.lora_v, x, drop, misplace)
-    q, k, v = (split_heads(t, heads) for t in (q, k, v))
+    projected = []
+    for slot in "qkv":  # drawn in the module's order: LoRA q, then LoRA v
+        y = linear(x, getattr(attn, f"{slot}_proj"))
+        for name, block in slot_blocks(attn, slot):
+            y = y + reference_lora(block, x, drop, misplace) if name.startswith("lora_") else block.project(x, y)
+        projected.append(y)
+    q, k, v = (split_heads(t, heads) for t in projected)
     key_pad = pad
-    if getattr(attn, "_prefix", None):
-        pk, pv = reference_prefixes(attn._prefix[0], attn.layer_index)
+    for name, block in slot_blocks(attn, "keys_values"):
+        pk, pv = reference_prefixes(block, attn.layer_index) if name == "prefix" else block.layer_kv(attn.layer_index)
         pk, pv = (split_heads(p[:, None].expand(-1, bsz, -1), heads) for p in (pk, pv))  # [B, H, l, d_h]
         k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-        key_pad = torch.cat([pad.new_zeros(bsz, pk.size(2)), pad], dim=1)  # prefixes are never masked
+        key_pad = torch.cat([key_pad.new_zeros(bsz, pk.size(2)), key_pad], dim=1)  # prefixes are never masked
     raw = q @ k.transpose(-1, -2) / math.sqrt(head_dim)  # [B, H, T, S]
     scores = raw.masked_fill(key_pad[:, None, None, :], float("-inf"))
-    ctx = drop(torch.softmax(scores, dim=-1), attn.dropout_module.p) @ v  # [B, H, T, d_h]
+    probs = torch.softmax(scores, dim=-1)
+    ctx = drop(probs, attn.dropout_module.p) @ v  # [B, H, T, d_h]
     delta = 0.0
     ind = getattr(attn, "inducer", None)
     if ind is not None:  # inducer-tuning Eqs. 5-9 (module docstring of modules/attention/inducer.py)
@@ -175,6 +193,10 @@ def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
         else:  # v~_h = z_h B_v[h] + b_v[h] inside each head
             term = lam.unsqueeze(-1) * (torch.einsum("bhtr,hrd->bhtd", z, ind.value_B) + ind.value_b[:, None])
             ctx = ctx * gate + (drop(term, ind.lambda_dropout) if moved else term)
+    for name, block in slot_blocks(attn, "attention_output"):
+        if name != "inducer":
+            ctx, extra = block.attend(q, ctx, scores, raw, probs, key_pad, 1 / math.sqrt(head_dim))
+            delta = delta if extra is None else delta + extra
     return linear(ctx.permute(2, 0, 1, 3).reshape(length, bsz, dim), attn.out_proj) + delta
 
 
@@ -201,25 +223,33 @@ def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
     parallel = getattr(layer, "parallel_adapter", None)
     p = layer.dropout_module.p
 
-    def sequential(adapter, t):  # the sublayer's dropout, then h + f(h)
+    def others(slot, t, combine):  # blocks the reference does not write out, called as their slot calls them
+        for name, block in slot_blocks(layer, slot):
+            if name not in ("attn_adapter", "ffn_adapter", "parallel_adapter"):
+                t = combine(t, block)
+        return t
+
+    def sequential(adapter, t, slot):  # the sublayer's dropout, then h + f(h)
         if adapter is None:
-            return drop(t, p)
+            return others(slot, drop(t, p), lambda t, block: t + block(t))
         if "adapter-before-dropout" in misplace:
             return drop(t + reference_adapter(adapter, t, drop, misplace), p)
         t = drop(t, p)
-        return t + reference_adapter(adapter, t, drop, misplace)
+        return others(slot, t + reference_adapter(adapter, t, drop, misplace), lambda t, block: t + block(t))
 
     h = reference_attention(layer.self_attn, x, pad, drop, misplace)
     after_ln = "attn-adapter-after-ln" in misplace
-    y = layer_norm(x + sequential(None if after_ln else attn_adapter, h), layer.self_attn_layer_norm)
+    y = layer_norm(x + sequential(None if after_ln else attn_adapter, h, "after_attention"), layer.self_attn_layer_norm)
     if after_ln and attn_adapter is not None:
         y = y + reference_adapter(attn_adapter, y, drop, misplace)
 
     beside = parallel is not None and "parallel-adapter-sequential" not in misplace
     f_par = reference_adapter(parallel, y, drop, misplace) if beside else None  # drawn before the FFN's masks
+    f_par = others("ffn", f_par, lambda f, block: block(y) if f is None else f + block(y))
     g = drop(F.gelu(linear(y, layer.fc1)), layer.activation_dropout_module.p)
+    g = others("ffn_inner", g, lambda g, block: block(g))  # the FFN's inner activations, before fc2
     after_ln = "ffn-adapter-after-ln" in misplace
-    g = sequential(None if after_ln else ffn_adapter, linear(g, layer.fc2))
+    g = sequential(None if after_ln else ffn_adapter, linear(g, layer.fc2), "after_ffn")
     if parallel is not None and not beside:
         g = g + reference_adapter(parallel, g, drop, misplace)
     par_after_ln = "parallel-adapter-after-ln" in misplace
@@ -254,7 +284,7 @@ def test_the_blocks_sit_in_the_slots_the_presets_name(blocks_model):
     for preset in ADAPTER_PRESETS:
         layer = blocks_model(preset).encoder.sentence_encoder.layers[0]
         slots[preset] = {
-            name: type(getattr(layer, name)).__name__ if getattr(layer, name) is not None else None
+            name: type(getattr(layer, name)).__name__ if getattr(layer, name, None) is not None else None
             for name in ("attn_adapter", "ffn_adapter", "parallel_adapter")
         }
     houlsby = dict(attn_adapter="BottleneckAdapter", ffn_adapter="BottleneckAdapter", parallel_adapter=None)

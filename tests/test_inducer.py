@@ -35,7 +35,7 @@ def attention_pair(output="gated", extend_value=True, key_rank=3, mask_lambda=Tr
     with torch.no_grad():
         for p in inducer.parameters():  # far from the 0.01 init, so every term matters
             p.normal_(0, 0.5)
-    AugmentedSelfAttention.convert(attention, 0, inducer=inducer.to(dtype))
+    AugmentedSelfAttention.convert(attention, 0).attach("attention_output", "inducer", inducer.to(dtype))
     return reference, attention
 
 
@@ -195,7 +195,7 @@ def test_presets_build_the_table5_blocks_and_only_they_train(tiny):
     mam = build_tiny(tiny, "roberta_blocks", blocks_preset="mam-inducer")
     layer = mam.encoder.sentence_encoder.layers[0]
     assert (layer.self_attn.inducer.key_rank, layer.self_attn.inducer.value_rank) == (2, 2)
-    assert layer.self_attn.lora_q.rank == 4 and layer.self_attn.lora_v is None
+    assert layer.self_attn.lora_q.rank == 4 and getattr(layer.self_attn, "lora_v", None) is None
     assert layer.parallel_adapter.down.out_features == 12 and layer.parallel_adapter.scale == 2.0
     trainable = {n for n, p in mam.named_parameters() if p.requires_grad and not n.startswith("classification_heads.")}
     assert trainable and all(any(s in n for s in (".inducer.", ".lora_q.", ".parallel_adapter.")) for n in trainable)

@@ -10,7 +10,7 @@ import torch.nn as nn
 from blocks_support import logits
 from conftest import build_tiny
 
-from fairseq_idpg.models.roberta_blocks import merge_lora
+from fairseq_idpg.blocks.lora import merge_lora
 from fairseq_idpg.modules.attention.lora import LoRA
 
 

@@ -19,8 +19,9 @@ from checkpoint_support import (
 from conftest import SHARED, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
+from fairseq_idpg.blocks.prefix import PREFIX_KEY
 from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, export_checkpoint
-from fairseq_idpg.models.roberta_blocks import PREFIX_KEY, RobertaBlocksModel
+from fairseq_idpg.models.roberta_blocks import RobertaBlocksModel
 from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
 from fairseq_idpg.modules.attention.prefix import PrefixEncoder
 
@@ -47,7 +48,7 @@ def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():
     dh = D // H
     attention = MultiheadAttention(D, H, dropout=0.0, self_attention=True).double()
     prefix = PrefixEncoder(num_layers=2, dim=D, length=l, mid_dim=7).double()
-    AugmentedSelfAttention.convert(attention, 1, prefix=prefix)
+    AugmentedSelfAttention.convert(attention, 1).attach("keys_values", "prefix", prefix, owned=False)
     x = torch.randn(5, 2, D, dtype=torch.float64)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     out, _ = attention(x, x, x, key_padding_mask=pad)

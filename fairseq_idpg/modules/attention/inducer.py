@@ -97,6 +97,29 @@ class Inducer(nn.Module):
         for p in self.parameters():
             truncated_normal_(p, 0.01)
 
+    # ------------------------------------------------------------------ the attention_output slot
+    def attend(self, q, ctx, scores, raw_scores, probs, pad, scaling):
+        """Lambda and the value term, for ``AugmentedSelfAttention``'s ``attention_output`` slot.
+
+        q: [B, H, T, d_h] (unscaled); ctx = Dropout(P) V [B, H, T, d_h]; scores: S with padded keys
+        at -inf, raw_scores: S unmasked, [B, H, T, S]; probs: P = softmax(S) in float32 or wider;
+        pad: [B, S] (True at padding) or None. Returns (ctx, Delta [T, B, d] or None): the gated
+        output scales ctx by 1 - lambda; the per-head value adds lambda v~ to ctx, the extended one
+        returns Delta for the output projection.
+        """
+        if self.mask_lambda or pad is None:
+            # logsumexp of the masked scores from the softmax already computed (module docstring)
+            lse = scores.max(dim=-1).values.to(probs.dtype) - torch.log(probs.max(dim=-1).values)
+        else:  # the released code: padded keys stay in lambda's normaliser
+            lse = torch.logsumexp(raw_scores.to(probs.dtype), dim=-1)
+        lam = self.gate(self.inducer_scores(q, scaling), lse, q.dtype)  # [B, H, T]
+        z = self.value_hidden(q)  # [B, H, T, r_v]
+        if self.output == "gated":
+            ctx = ctx * (1 - lam).unsqueeze(-1)
+        if self.extend_value:
+            return ctx, self.extended_delta(z, lam)
+        return ctx + lam.unsqueeze(-1) * self.per_head_values(z), None
+
     # ------------------------------------------------------------------ lambda
     def inducer_scores(self, q, scaling):
         """s = <q, k~> * scaling with k~ = q + MLP_k(q): [B, H, T, d_h] -> [B, H, T] (float32 or wider)."""

@@ -9,7 +9,7 @@ loralib: A kaiming-uniform(a = sqrt(5)), B = 0, so the frozen model's output is 
 the start. ``in * r + r * out`` parameters (2 d r on a d x d projection), no bias.
 
 ``LoRA`` computes only the update; the frozen ``nn.Linear`` stays untouched (its weight is a
-backbone tensor). ``merge_lora`` folds the update into the weight for inference
+backbone tensor). ``LoRA.merge_into`` folds the update into the weight for inference
 (``W + (alpha / r) B A``), which gives the same outputs with dropout off.
 """
 
@@ -41,15 +41,18 @@ class LoRA(nn.Module):
         h = F.linear(self.dropout(x), self.A.to(x.dtype))
         return F.linear(h, self.B.to(x.dtype)) * self.scaling
 
+    def project(self, x, y):
+        """The ``q`` / ``v`` slot of ``AugmentedSelfAttention``: y = W x + b + (alpha / r) B A x."""
+        return y + self(x)
+
     def delta_weight(self):
         """The update as a dense matrix [out_features, in_features] (the ``nn.Linear`` layout)."""
         return (self.B @ self.A) * self.scaling
 
+    @torch.no_grad()
+    def merge_into(self, linear: nn.Linear):
+        """Fold the update into ``linear.weight`` in place (inference; the update is then part of W)."""
+        linear.weight.add_(self.delta_weight().to(linear.weight.dtype))
+
     def extra_repr(self):
         return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, alpha={self.alpha}"
-
-
-@torch.no_grad()
-def merge_lora(linear: nn.Linear, lora: LoRA):
-    """Fold ``lora`` into ``linear.weight`` in place (inference; the update is then part of W)."""
-    linear.weight.add_(lora.delta_weight().to(linear.weight.dtype))

@@ -1,0 +1,182 @@
+"""The blocks of ``--arch roberta_blocks``, as data: one file per block, found here and imported
+automatically (as fairseq imports its models), so a new block is one new file.
+
+A block file registers a config dataclass (PEFT's config style) whose fields are the block's
+options: each carries its default, help, metavar or choices and whether it is a size (0: off),
+and the class makes its own fairseq flag group (``--lora-rank``, ...; argparse leaves them None, so
+that a method's block settings fill what the command line did not give). The class also says
+where the block attaches (``slots``, declared data: ``modules/slots.py``), checks its options at
+build time (one line naming the flag) and builds its modules, layer by layer:
+
+    @register_block("lora", "LoRA (Hu et al. 2021; inducer-tuning section 4.5)", slots=("q", "v"))
+    @dataclass
+    class LoRAConfig(BlockConfig):
+        lora_rank: int = option(0, "rank of the update (0: off)", metavar="R", size=True)
+        ...
+        def active(self):
+            return self.lora_rank > 0
+
+        def layer_blocks(self, index, encoder, model):
+            return [Attachment(slot, f"lora_{slot}", LoRA(...)) for slot in self.targets()]
+
+The model (``models/roberta_blocks.py``) resolves a method's settings, checks every block, and
+attaches what each active block builds to the slots of the frozen layers; the shared forward
+passes call the slots and never name a block. docs/blocks.md: adding a block.
+"""
+
+import dataclasses
+import importlib
+import os
+from typing import Any, ClassVar, Dict, List, NamedTuple, Tuple
+
+from fairseq_idpg.models.presets import check_choice, flag
+from fairseq_idpg.modules.slots import SLOT_ORDER, SLOTS
+
+
+class Encoder(NamedTuple):
+    """The sizes a block is built for (from the model's args)."""
+
+    dim: int
+    heads: int
+    ffn_dim: int
+    layers: int
+    dropout: float
+
+    @classmethod
+    def of(cls, args):
+        layers = args.encoder_layers
+        return cls(
+            args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim, layers, args.dropout
+        )
+
+
+class Attachment(NamedTuple):
+    """A block's module for one layer: its ``slot``, its attribute ``name`` in the host (the name in
+    state dicts, e.g. ``...self_attn.lora_q.A``), and ``owned=False`` for a module another one owns."""
+
+    slot: str
+    name: str
+    module: Any
+    owned: bool = True
+
+
+def option(default, help, metavar=None, choices=None, size=False):
+    """A config field: its default (the value when neither the command line nor the method sets it),
+    the flag's help, metavar and choices, and ``size``: a rank or size where 0 turns the block off
+    (>= 0; >= 1 when the method's settings give it >= 1)."""
+    return dataclasses.field(default=default, metadata=dict(help=help, metavar=metavar, choices=choices, size=size))
+
+
+@dataclasses.dataclass
+class BlockConfig:
+    """A block's options (fields made with ``option``) and how it installs; see the module docstring."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""  # the flag group's title: the block and its paper
+    slots: ClassVar[Tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ options
+    @classmethod
+    def add_args(cls, parser):
+        group = parser.add_argument_group(cls.title)
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if f.type is bool:
+                group.add_argument(flag(f.name), action="store_true", default=None, help=meta["help"])
+                continue
+            kwargs = dict(help=meta["help"], metavar=meta["metavar"], choices=meta["choices"])
+            if f.type in (int, float):
+                kwargs["type"] = f.type
+            group.add_argument(flag(f.name), **{k: v for k, v in kwargs.items() if v is not None})
+
+    @classmethod
+    def defaults(cls) -> Dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def check_options(self, preset_option, method, settings):
+        """The checks the fields declare: sizes >= 0 (>= 1 where ``settings``, the block settings of
+        ``method``, give one >= 1) and choices; one line naming the flag."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["size"]:
+                if value < 0:
+                    raise ValueError(f"{flag(f.name)} must be >= 0, got {value}")
+                if value == 0 and settings.get(f.name, 0) >= 1:
+                    raise ValueError(f"{flag(f.name)} must be >= 1 for {flag(preset_option)} {method} (got 0)")
+            if f.metadata["choices"]:
+                check_choice(self, f.name, f.metadata["choices"])
+
+    def check(self, encoder: Encoder):
+        """The block's own build-time checks (called for every block, active or not)."""
+
+    # ------------------------------------------------------------------ building
+    def active(self) -> bool:
+        """Whether these options turn the block on."""
+        raise NotImplementedError
+
+    def install(self, model, encoder: Encoder):
+        """Modules the model owns, built before the layers' (prefix tuning's shared encoder)."""
+
+    def layer_blocks(self, index, encoder: Encoder, model) -> List[Attachment]:
+        """The modules of layer ``index`` and where they attach."""
+        return []
+
+    def trains_backbone_parameter(self, name) -> bool:
+        """Whether the backbone parameter ``name`` trains (BitFit's biases)."""
+        return False
+
+    # ------------------------------------------------------------------ checkpoints
+    @staticmethod
+    def stored_state_dict(state):
+        """The form of a checkpoint's model ``state`` to share (``frozen_roberta.export_checkpoint``)."""
+        return state
+
+    def before_load(self, model, state_dict):
+        """Adapt the built model to ``state_dict`` before it is loaded (a stored form)."""
+
+    @classmethod
+    def build_order(cls):
+        """Blocks are built layer by layer in the order of the first slot each attaches to."""
+        return min((SLOT_ORDER.index(s) for s in cls.slots if s in SLOT_ORDER), default=len(SLOT_ORDER)), cls.name
+
+
+BLOCKS: Dict[str, type] = {}
+
+
+def register_block(name, title, slots):
+    """Class decorator: register a ``BlockConfig`` subclass as block ``name``, attaching to ``slots``."""
+    unknown = set(slots) - set(SLOTS)
+    if unknown:
+        raise ValueError(f"block {name!r}: unknown slots {sorted(unknown)}; valid: {', '.join(SLOTS)}")
+
+    def register(cls):
+        if name in BLOCKS:
+            raise ValueError(f"block {name!r} registered twice")
+        cls.name, cls.title, cls.slots = name, title, tuple(slots)
+        BLOCKS[name] = cls
+        return cls
+
+    return register
+
+
+def registered_blocks():
+    """The registered config classes, in build order (``BlockConfig.build_order``)."""
+    return sorted(BLOCKS.values(), key=lambda cls: cls.build_order())
+
+
+def block_configs(args):
+    """Every registered block's config, from ``args``, in build order."""
+    return [cls.from_args(args) for cls in registered_blocks()]
+
+
+def block_defaults():
+    return {k: v for cls in registered_blocks() for k, v in cls.defaults().items()}
+
+
+for _file in sorted(os.listdir(os.path.dirname(__file__))):
+    if _file.endswith(".py") and not _file.startswith("_"):
+        importlib.import_module(__name__ + "." + _file[:-3])
