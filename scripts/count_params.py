@@ -7,6 +7,7 @@ Exit status 1 if any count that the paper states exactly differs from ours.
 """
 
 import argparse
+import logging
 import sys
 
 import fairseq_idpg  # noqa: F401  (registers the models)
@@ -17,6 +18,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="print only tables whose title contains this")
     args = parser.parse_args(argv)
+    # every model built logs its parameters (models/frozen_roberta.py); the tables say them here
+    logging.getLogger("fairseq_idpg.models.frozen_roberta").setLevel(logging.WARNING)
     wrong = 0
     for title, rows_fn in TABLES:
         if args.only and args.only.lower() not in title.lower():

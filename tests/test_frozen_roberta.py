@@ -2,6 +2,7 @@
 the backbone's location and the one-line errors of a missing or wrong one."""
 
 import argparse
+import logging
 import re
 from pathlib import Path
 
@@ -173,3 +174,29 @@ def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path):
     assert set(state) == {"extra", FINGERPRINT_KEY} | {
         f"classification_heads.head.{n}" for n, _ in build(tiny[0]).classification_heads["head"].named_parameters()
     }
+
+
+def test_build_logs_the_trained_and_total_parameters(tiny, caplog):
+    """As PEFT's print_trainable_parameters: every run's log states both at the start (the head comes later)."""
+    with caplog.at_level(logging.INFO, logger="fairseq_idpg.models.frozen_roberta"):
+        model = build(tiny[0])
+    head = sum(p.numel() for p in model.classification_heads.parameters())
+    total = sum(p.numel() for p in model.parameters()) - head
+    trained = model.num_trainable_parameters()
+    assert trained == 32 and total > 1000
+    line = f"trainable params: {trained:,} || all params: {total:,} || trainable%: {100 * trained / total:.4f}"
+    assert line in caplog.messages
+
+
+def test_a_method_logs_its_counted_parameters(caplog):
+    """The logged trained count is the one count_params.py reports (count_trainable), and the total is the
+    model's parameter count, at roberta-base (built on the meta device)."""
+    from fairseq_idpg.methods import METHODS
+    from fairseq_idpg.models.build import ROBERTA_BASE, build_method, count_trainable
+
+    with caplog.at_level(logging.INFO, logger="fairseq_idpg.models.frozen_roberta"):
+        model = build_method(METHODS["lora"], Dictionary(), meta=True, **ROBERTA_BASE)
+    (line,) = [m for m in caplog.messages if m.startswith("trainable params: ")]
+    trained, total = count_trainable(METHODS["lora"], ROBERTA_BASE), sum(p.numel() for p in model.parameters())
+    assert trained == 589_824 and total > 86_000_000
+    assert line == f"trainable params: {trained:,} || all params: {total:,} || trainable%: {100 * trained / total:.4f}"

@@ -135,6 +135,7 @@ class FrozenBackboneRobertaModel(RobertaModel):
         if getattr(args, "backbone", None):
             model.load_backbone(args.backbone)
         model.freeze_backbone()
+        logger.info(model.parameter_summary())
         return model
 
     # ------------------------------------------------------------------ freezing
@@ -161,6 +162,14 @@ class FrozenBackboneRobertaModel(RobertaModel):
             for n, p in self.named_parameters()
             if p.requires_grad and (include_heads or not n.startswith("classification_heads."))
         )
+
+    def parameter_summary(self):
+        """The trained and total parameters, as PEFT's ``print_trainable_parameters`` says them (the
+        trained ones as the papers count them: classification head excluded; every run logs it when
+        its model is built, before fairseq adds the head)."""
+        trained = self.num_trainable_parameters()
+        total = sum(p.numel() for p in self.parameters())
+        return f"trainable params: {trained:,} || all params: {total:,} || trainable%: {100 * trained / total:.4f}"
 
     # ------------------------------------------------------------------ backbone loading
     def load_backbone(self, path):
