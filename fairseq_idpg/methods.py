@@ -318,6 +318,12 @@ _BLOCK_METHODS = (
     ("bitfit", {"bitfit": True},
      replace(INDUCER_RECIPE, lr=1e-3, sources={**INDUCER_RECIPE.sources, "lr": "BitFit paper's range, top"}),
      "BitFit: every bias of the encoder", "Ben Zaken et al. 2021; inducer-tuning baseline"),
+    # inducer-tuning's recipe with the lr of the (IA)^3 paper's T-Few recipe (3e-3; Adafactor there, Adam here)
+    ("ia3", {"ia3": True},
+     replace(INDUCER_RECIPE, lr=3e-3,
+             sources={**INDUCER_RECIPE.sources, "lr": "(IA)^3 paper's T-Few recipe (Liu et al. 2022)"}),
+     "(IA)^3: l_k, l_v, l_ff scale keys, values, FFN inner activations (55,296 at roberta-base)",
+     "Liu et al. 2022 (T-Few)"),
 )  # fmt: skip
 for _name, _blocks, _recipe, _description, _source in _BLOCK_METHODS:
     register(
