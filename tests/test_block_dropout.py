@@ -28,6 +28,7 @@ from test_block_placement import (
     OTHER_PRESETS,
     batch,
     max_diff,
+    method_blocks,
     no_drop,
     one_thread,  # noqa: F401  (autouse: one intra-op thread for these tiny tensors)
     randomise_blocks,
@@ -40,9 +41,10 @@ from test_block_placement import (
 
 SEED = 1234
 ALL_PRESETS = ADAPTER_PRESETS + OTHER_PRESETS
-# presets whose blocks carry a dropout of their own (LoRA, lambda, the parallel FFN adapter)
-WITH_DROPOUT = {"lora", "inducer", "inducer-lora", "mam-inducer", "inducer-adaptive", "inducer-extension"}
-WITH_DROPOUT |= {"inducer-gating", "mam-adapter"}
+# the blocks that carry a dropout of their own (the table above: LoRA, lambda, the parallel FFN adapter), and the
+# methods that use one
+BLOCKS_WITH_DROPOUT = {"lora", "inducer", "ffn_adapter"}
+WITH_DROPOUT = {name for name in ALL_PRESETS if set(method_blocks(name)) & BLOCKS_WITH_DROPOUT}
 
 
 def fresh(tiny, preset):

@@ -37,14 +37,19 @@ LENGTHS = (7, 5, 3)  # one full row and two padded ones
 ATOL = 1e-5
 
 
-def method_slots(name):
-    """The slots the blocks of method ``name`` attach to (from its record's block settings)."""
+def method_blocks(name):
+    """The blocks that the settings of method ``name`` (its record's ``blocks``) turn on."""
     settings = METHODS[name].blocks
-    configs = (
-        cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}})
-        for cls in BLOCKS.values()
-    )
-    return {slot for config in configs if config.active() for slot in config.slots}
+    return {
+        block: cls
+        for block, cls in BLOCKS.items()
+        if cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}}).active()
+    }
+
+
+def method_slots(name):
+    """The slots the blocks of method ``name`` attach to."""
+    return {slot for cls in method_blocks(name).values() for slot in cls.slots}
 
 
 # every method of the family, from the records: the adapter-family methods of the placement question (an

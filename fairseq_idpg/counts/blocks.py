@@ -76,6 +76,10 @@ def baseline_rows():
             count("bitfit", "roberta-base"),
             12 * (4 * 768 + 3072 + 768 + 2 * 768) + 768,
         ),  # q k v out, fc1, fc2, 2 LayerNorms; embedding LN
+        # l_k, l_v, l_ff per layer: PEFT's IA3Config on RoBERTa with targets key, value and the FFN's
+        # output.dense (feedforward) counts the same 55,296 (blocks/ia3.py)
+        ("(IA)^3 k, v, ff (base)", count("ia3", "roberta-base"), 12 * (768 + 768 + 3072)),
+        ("(IA)^3 k, v, ff (large)", count("ia3", "roberta-large"), 24 * (1024 + 1024 + 4096)),
     ]
     return rows
 
