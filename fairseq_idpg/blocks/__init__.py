@@ -44,10 +44,8 @@ class Encoder(NamedTuple):
 
     @classmethod
     def of(cls, args):
-        layers = args.encoder_layers
-        return cls(
-            args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim, layers, args.dropout
-        )
+        dims = (args.encoder_embed_dim, args.encoder_attention_heads, args.encoder_ffn_embed_dim, args.encoder_layers)
+        return cls(*dims, args.dropout)
 
 
 class Attachment(NamedTuple):

@@ -6,22 +6,9 @@ He et al. 2021's unified view: prefix tuning, LoRA and adapters are modification
 attention or FFN sublayer that compose. So this is one model with one block per concept, and a
 method is a combination of blocks: its record in ``fairseq_idpg/methods.py`` holds its block
 settings (``Method.blocks``), and ``--blocks-preset NAME`` applies the settings of method NAME
-(flags given explicitly win, ``--blocks-preset inducer-lora --lora-rank 8 --inducer-output gated``):
-
-| method            | blocks                                                           | source                    |
-|-------------------|------------------------------------------------------------------|---------------------------|
-| inducer           | inducer r_k 6, r_v 4, extended value, residual output           | inducer-tuning Table 5    |
-| inducer-lora      | inducer 2 / 4 + LoRA on W_q, r 4                                 | Table 5; section 4.5      |
-| mam-inducer       | inducer 2 / 2 + LoRA on W_q, r 4 + parallel FFN adapter 12, s 2 | Table 5 (MAM)             |
-| inducer-adaptive  | k~ = q, per-head value r_v 32                                    | Table 3 "Adaptive"        |
-| inducer-extension | k~ = q, extended value r_v 5                                     | Table 3 "Extension"       |
-| inducer-gating    | inducer 6 / 4 with the gated output (1 - lambda) Attn + lambda v~ | Table 3 "Gating"          |
-| prefix-tuning     | key/value prefixes, l = 32, reparameterised by an MLP (m = 800)  | Li & Liang 2021           |
-| lora              | LoRA on W_q and W_v, r = 16, alpha = 32, dropout 0.1             | Hu et al. 2021            |
-| houlsby-adapter   | 2 adapters per layer (after attention, after FFN), r = 16        | Houlsby et al. 2019       |
-| compacter         | 2 PHM adapters per layer, n = 4, r = 16, PHM rank 1              | IDPG appendix A.1.2       |
-| mam-adapter       | prefixes l = 16 + parallel FFN adapter r = 16, s = 2             | He et al. 2021            |
-| bitfit            | every bias of the encoder (and its LayerNorms) trains            | Ben Zaken et al. 2021     |
+(flags given explicitly win, ``--blocks-preset inducer-lora --lora-rank 8 --inducer-output gated``).
+The methods, their blocks and sources: the ``roberta_blocks`` records of ``methods.py``
+(docs/inducer.md tabulates them with their counts).
 
 The Table 3 ablations get the NLU inducer-tuning budget (~0.61M on roberta-base): Table 5 sizes
 them only for GPT-2 (docs/inducer.md gives the arithmetic). Sizes: ``--arch roberta_blocks``
