@@ -52,14 +52,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stdout
-from dataclasses import dataclass, field
-from io import StringIO
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-from fairseq_idpg import run as main_job
 from fairseq_idpg.results.records import few_shot_budget
+from fairseq_idpg.run import REPO, format_duration, format_lr, plan, quiet
+from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
 SPEC_KEYS |= {"max_update", "args"}
@@ -74,19 +73,17 @@ class SweepError(Exception):
 # ---------------------------------------------------------------------------------------- the specification
 @dataclass(frozen=True)
 class Run:
-    """One cell entry: a method (under its table label) on a task at one lr, seed and data budget."""
+    """One cell entry: a run's request (a method on a task at one lr, seed and data budget) under its
+    table label. ``run.task``, ``run.lr``, ... are the request's fields."""
 
-    task: str
+    config: RunConfig  # lr None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
     label: str
-    method: str
-    lr: Optional[float]  # None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
-    seed: int
-    few_shot: Optional[int] = None
-    dev_from_train: Optional[int] = None
-    data_seed: int = 1
-    max_update: Optional[int] = None
-    args: Tuple[str, ...] = ()
     table_budget: Optional[str] = None  # a per-task K's common name in tables, "K=1000 (CR: 775)"
+
+    def __getattr__(self, name):
+        if name == "config":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.config, name)
 
     @property
     def budget(self):
@@ -99,23 +96,20 @@ class Run:
 
     @property
     def name(self):
-        lr = f"lr{main_job.format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
+        lr = f"lr{format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
         if self.few_shot is not None:
             data = f"K={self.few_shot}.data{self.data_seed}."
         else:
             data = f"dev{self.dev_from_train}.data{self.data_seed}." if self.dev_from_train is not None else ""
         return f"{self.task}.{self.label}.{data}{lr}.seed{self.seed}"
 
+    def request(self, model, work_dir, dry_run=False):
+        """The run's request on ``model`` in ``work_dir``."""
+        return replace(self.config, model=model, work_dir=str(work_dir), dry_run=dry_run)
+
     def argv(self, model, work_dir):
         """run.py's command line."""
-        argv = [self.task, "--method", self.method, "--model", model, "--seed", str(self.seed)]
-        argv += ["--lr", repr(self.lr)] if self.lr is not None else []
-        if self.few_shot is not None:
-            argv += ["--few-shot", str(self.few_shot), "--data-seed", str(self.data_seed)]
-        if self.dev_from_train is not None:
-            argv += ["--dev-from-train", str(self.dev_from_train), "--data-seed", str(self.data_seed)]
-        argv += ["--max-update", str(self.max_update)] if self.max_update is not None else []
-        return argv + ["--work-dir", str(work_dir), *self.args]
+        return self.request(model, work_dir).argv()
 
 
 @dataclass
@@ -156,8 +150,8 @@ def _unknown(mapping, valid, where):
 
 def _task(name, where):
     try:
-        return main_job.canonical_task(str(name))
-    except main_job.RunError as e:
+        return canonical_task(str(name))
+    except RunError as e:
         raise SweepError(f"{where}: {e}") from None
 
 
@@ -264,7 +258,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
             _list(updates, f"{where}: max_update", int)
         if max_update is not None:
             updates = max_update
-        args = tuple(base_args + [str(a) for a in variant.get("args", [])])
+        args = base_args + [str(a) for a in variant.get("args", [])]
         for task in var_tasks:
             if tasks and task not in tasks:
                 continue
@@ -278,9 +272,14 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
                         if seeds and seed not in seeds:
                             continue
                         sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
-                        run = Run(task, label, name, lr, seed, b.get("few_shot"), b.get("dev_from_train"),
-                                  sample_seed, updates, args, b.get("name"))  # fmt: skip
-                        spec.runs.append(run)
+                        request = RunConfig(task, name, spec.model, seed, lr=lr, few_shot=b.get("few_shot"),
+                                            dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
+                                            max_update=updates)  # fmt: skip
+                        try:
+                            request = request.with_flags(args)
+                        except RunError as e:
+                            raise SweepError(f"{where}: args: {e}") from None
+                        spec.runs.append(Run(request, label, b.get("name")))
     if not spec.runs:
         raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
     return spec
@@ -288,17 +287,11 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
 
 # ---------------------------------------------------------------------------------------- planning
 def plan_run(run, model, work_dir, dry):
-    """run.py's plan of one run (its folder, configuration and commands), its output kept quiet."""
-    argv = run.argv(model, work_dir) + (["--dry-run"] if dry else [])
-    args, extra = main_job.parse_args(argv)
-    out = StringIO()
+    """run.py's plan of one run (its folder, configuration and commands), saying nothing."""
     try:
-        with redirect_stdout(out):
-            return main_job.plan(args, extra, argv)
-    except main_job.RunError as e:
+        return plan(run.request(model, work_dir, dry), log=quiet)
+    except RunError as e:
         raise SweepError(f"{run.name}: {e}") from None
-    except SystemExit:
-        raise SweepError(f"{run.name}: {out.getvalue().strip().splitlines()[-1:]}") from None
 
 
 def describe(run, p):
@@ -382,7 +375,7 @@ class Progress:
         eta = "?"
         if self.durations:
             per_run = sum(self.durations) / len(self.durations)
-            eta = main_job.format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
+            eta = format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
         return (
             f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached), {self.running} running, "
             f"{self.failed} failed, {left} left, eta {eta}"
@@ -442,7 +435,7 @@ class LocalExecutor:
                 f.flush()
                 env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
                 start = time.time()
-                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=main_job.REPO)
+                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
                 with self.lock:
                     self.procs.add(proc)
                 code = proc.wait()
@@ -482,7 +475,7 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         if code == 0 and p.finished:
             failures.set(run.name, None)
             record(run, p, records)
-            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({main_job.format_duration(seconds)})")
+            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({format_duration(seconds)})")
         elif not executor.stopping:
             failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
             progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
@@ -558,7 +551,7 @@ def submit(pending, opts, sweep_dir, cluster="slurm"):
         for run, _ in pending
     ]
     with executor.batch():
-        jobs = [executor.submit(execute_run, argv, log, str(main_job.REPO)) for argv, log in calls]
+        jobs = [executor.submit(execute_run, argv, log, str(REPO)) for argv, log in calls]
     submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs)}
     path = Path(sweep_dir) / "slurm" / "submitted.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -593,9 +586,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="scripts/sweep.sh", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("spec", help="a sweep specification (YAML), e.g. examples/idpg/table1.yaml")
     p.add_argument("--model", help="override the specification's model")
-    p.add_argument(
-        "--work-dir", default=str(main_job.REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)"
-    )
+    p.add_argument("--work-dir", default=str(REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)")
     p.add_argument("--records", help="where finished runs' records go (default WORK/sweeps/<name>/records)")
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan (every run, its budget, the count); run nothing"

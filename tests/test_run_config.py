@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fairseq_idpg import run as main_job
+from fairseq_idpg.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,9 +38,7 @@ def standin(tmp_path, monkeypatch):
 
 def planned(argv, work):
     """(config, run folder, the launcher + fairseq-train command) of ``scripts/run.sh ARGV --dry-run``."""
-    argv = [*argv, "--dry-run", "--work-dir", str(work)]
-    args, extra = main_job.parse_args(argv)
-    p = main_job.plan(args, extra, argv)
+    p = main_job.plan(main_job.parse_args([*argv, "--dry-run", "--work-dir", str(work)]))
     return p.config, p.folder, p.train
 
 
@@ -103,17 +102,24 @@ def test_committed_records_are_named_by_their_config_hash():
         assert record["run"].rsplit(".", 1)[1] == main_job.config_hash(record["config"]), path
 
 
+def as_recorded(config, record):
+    """``config`` with the model file and folders of the machine the record ran on."""
+    config["model"].update({k: record["config"]["model"][k] for k in ("path", "sha256", "dict_sha256")})
+    config["data"]["folder"] = record["config"]["data"]["folder"]
+    config["data"]["provenance"]["raw"] = record["config"]["data"]["provenance"]["raw"]
+    return config
+
+
 def test_committed_records_are_planned_again_from_their_command(shared_data, standin, tmp_path):
     """Each committed record's command, planned now, gives its config (the model file and the folders
-    are those of the machine it ran on) and so its run folder's name."""
-    records = committed_records()
-    for path in records:
+    are those of the machine it ran on) and so its run folder's name; so does its config read back as
+    a request (``RunConfig.from_config``)."""
+    for path in committed_records():
         record = json.loads(path.read_text())
         argv = record["command"].split()[1:]
-        argv = argv[: argv.index("--work-dir")]
-        config, folder, _ = planned(argv, tmp_path)
-        config["model"].update({k: record["config"]["model"][k] for k in ("path", "sha256", "dict_sha256")})
-        config["data"]["folder"] = record["config"]["data"]["folder"]
-        config["data"]["provenance"]["raw"] = record["config"]["data"]["provenance"]["raw"]
-        assert config == record["config"], path
+        config, folder, _ = planned(argv[: argv.index("--work-dir")], tmp_path)
+        assert as_recorded(config, record) == record["config"], path
         assert f"{folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(config)}" == record["run"]
+        request = RunConfig.from_config(record["config"], work_dir=str(tmp_path), dry_run=True)
+        again = main_job.plan(request, log=main_job.quiet)
+        assert as_recorded(again.config, record) == record["config"], path

@@ -84,7 +84,7 @@ args: [--dropout, 0]
     assert len(lora) == 2 * 2 * 2 and {r.lr for r in lora} == {None} and {r.data_seed for r in lora} == {9}
     long = [r for r in spec.runs if r.label == "pt-long"]
     assert len(long) == 2 * 2 * 2 and {r.lr for r in long} == {3e-2, 1e-1} and {r.seed for r in long} == {4}
-    assert long[0].args == ("--dropout", "0", "--prompt-length", "7") and long[0].max_update == 5
+    assert long[0].extra_args == ("--dropout", "0", "--prompt-length", "7") and long[0].max_update == 5
     argv = long[0].argv("standin", "/w")
     assert argv[:6] == ["RTE", "--method", "prompt-tuning-5", "--model", "standin", "--seed"]
     for pair in (["--few-shot", "16"], ["--data-seed", "9"], ["--max-update", "5"], ["--lr", "0.03"]):
