@@ -701,6 +701,7 @@ def train_command(request, method, recipe, backbone, data, budget, save):
     train += ["--regression-target"] if b.regression else []
     train += ["--max-tokens", request.max_tokens] if request.max_tokens is not None else []
     train += ["--fp16"] if request.fp16 else []
+    train += ["--bf16"] if request.bf16 else []
     launch = [sys.executable, "-m", "fairseq_idpg.launch", "--nproc", request.nproc, "--total-batch", b.batch]
     launch += ["--batch-size", b.batch_size, "--"]
     return [str(x) for x in launch + train] + extra

@@ -97,6 +97,8 @@ class RunConfig:
     max_tokens: Optional[int] = option(None, "also cap a per-device batch at N tokens (passed to fairseq)",
                                        "devices", check=POSITIVE)
     fp16: bool = option(False, "mixed precision (CUDA)", "devices")
+    bf16: bool = option(False, "bf16 mixed precision (CUDA, Ampere or newer)", "devices",
+                        excludes=("fp16", "one mixed precision at a time"), config=True)
     work_dir: str = option(str(REPO), "where data-bin/ and checkpoints/ go (default: the checkout)", "run")
     restart: bool = option(False, "remove this configuration's folder and train again", "run")
     dry_run: bool = option(False, "print the budget and the fairseq-train command; run nothing", "run")

@@ -123,3 +123,22 @@ def test_committed_records_are_planned_again_from_their_command(shared_data, sta
         request = RunConfig.from_config(record["config"], work_dir=str(tmp_path), dry_run=True)
         again = main_job.plan(request, log=main_job.quiet)
         assert as_recorded(again.config, record) == record["config"], path
+
+
+# ---------------------------------------------------------------------------------------- a new option
+def test_bf16_reaches_fairseq_train_and_leaves_other_runs_their_folder(shared_data, standin, tmp_path, capsys):
+    """--bf16 (one field and one line of the command): in the fairseq-train command and in config.json,
+    so a bf16 run has its own folder, while a run without it keeps the hash it always had."""
+    argv, prefix, digest, *_ = GOLDEN["frozen"]
+    config, folder, command = planned([*argv, "--bf16"], tmp_path / "work")
+    assert "--bf16" in command[command.index("--") :] and "--fp16" not in command
+    assert config["bf16"] is True and folder.name != planned(argv, tmp_path / "work")[1].name
+    plain, _, command = planned(argv, tmp_path / "work")
+    assert "bf16" not in plain and "--bf16" not in command
+    assert main_job.config_hash(normalized(plain, command, tmp_path / "work", standin, folder)[0]) == digest
+    assert RunConfig.from_config(config).bf16 and RunConfig.from_argv(["RTE", "--bf16"]).argv()[-1] == "--bf16"
+    capsys.readouterr()
+    assert main_job.main(["RTE", "--bf16", "--fp16", "--work-dir", str(tmp_path / "w")]) == 2
+    assert capsys.readouterr().err == (
+        "run.sh: error: --bf16 and --fp16 exclude each other (one mixed precision at a time)\n"
+    )
