@@ -65,6 +65,7 @@ from fairseq_idpg.run_config import (  # noqa: F401  (canonical_task, GLUE_TASKS
     canonical_task,
     method_list,
 )
+from fairseq_idpg_compat import flag_value
 
 SHARED = REPO.parent / "shared"
 SHARED_DATA = SHARED / "data"
@@ -230,7 +231,7 @@ def format_duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-class Progress:
+class TrainingEta:
     """Appends ``eta 3m10s`` to fairseq's log lines that report ``num_updates``: the updates left
     times the seconds per update seen since the first such line (before that: fairseq's wall
     clock over its updates)."""
@@ -335,17 +336,6 @@ def parse_args(argv):
     """run.sh's arguments as a RunConfig (``--help`` lists the methods)."""
     epilog = "Other flags go to fairseq-train as given (e.g. --validate-interval-updates 50); see fairseq_idpg/run.py."
     return RunConfig.from_argv(argv, description=__doc__.split("\n\n")[0], epilog=method_list() + "\n\n" + epilog)
-
-
-def flag_value(argv, flag):
-    """The last value given to ``flag`` in a fairseq-train command line, or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def format_lr(lr):
@@ -760,7 +750,7 @@ def execute(p):
     if not trained:
         with open(save / "train.log", "a", encoding="utf-8") as f:
             f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(argv)}\n")
-        timings["train"], _ = tee(p.train, save / "train.log", progress=Progress(updates))
+        timings["train"], _ = tee(p.train, save / "train.log", progress=TrainingEta(updates))
         timings["train"] = round(timings["train"], 1)
         # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
         for interval in save.glob("checkpoint_*_*.pt"):

@@ -362,7 +362,7 @@ def tail(path, lines=20):
 
 
 # ---------------------------------------------------------------------------------------- progress
-class Progress:
+class SweepProgress:
     """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change."""
 
     def __init__(self, name, total, cached, slots, clock=time.monotonic):
@@ -671,7 +671,7 @@ def sweep(opts):
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
     failures = Failures(sweep_dir / "failures.json")
-    progress = Progress(spec.name, len(plans), len(finished), 1)
+    progress = SweepProgress(spec.name, len(plans), len(finished), 1)
     print(progress.line(), flush=True)
     if pending:
         if opts.executor == "local":

@@ -264,7 +264,7 @@ def test_scores_are_numbers():
 # ---------------------------------------------------------------------------------------- live output
 def test_eta_from_the_rate_of_updates():
     clock = iter([100.0, 110.0, 130.0, 160.0]).__next__
-    progress = main_job.Progress(100, clock=clock)
+    progress = main_job.TrainingEta(100, clock=clock)
     assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
         "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
     )
@@ -296,7 +296,7 @@ def test_output_reaches_the_log_line_by_line_while_the_command_runs(tmp_path, ca
     watcher = threading.Thread(target=poll)
     watcher.start()
     try:
-        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.Progress(6))
+        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.TrainingEta(6))
     finally:
         done.set()
         watcher.join()

@@ -171,7 +171,7 @@ def test_local_slots_pin_gpus_and_split_cores():
 
 
 def test_progress_line_counts_and_estimates():
-    p = sweep.Progress("s", total=10, cached=2, slots=2)
+    p = sweep.SweepProgress("s", total=10, cached=2, slots=2)
     p.update(started=2)
     p.update(finished=1, seconds=60)
     p.update(failed=1)
@@ -321,7 +321,7 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
     assert plan.finished
     submitted = sweep.submit([(run, plan)], opts, tmp_path / "sweeps" / "smoke", cluster="local")
-    progress = sweep.Progress("smoke", 1, 0, 1)
+    progress = sweep.SweepProgress("smoke", 1, 0, 1)
     failures = sweep.Failures(tmp_path / "failures.json")
     sweep.follow(submitted, progress, failures, tmp_path / "records", poll=1)
     assert progress.done == 1 and progress.failed == 0 and not failures.items
