@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional
 
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.results.records import few_shot_budget
 from fairseq_idpg.run import REPO, format_duration, format_lr, plan, quiet
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
@@ -66,7 +67,7 @@ VARIANT_KEYS = {"label", "method", "args", "lrs", "seeds", "tasks", "max_update"
 BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
 
 
-class SweepError(Exception):
+class SweepError(ConfigError):
     """A bad specification or request, reported as one line before anything runs."""
 
 
