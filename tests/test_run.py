@@ -151,6 +151,16 @@ def test_finetune_table_and_records_agree():
         assert (recipe.lr, recipe.batch, recipe.num_updates(1)) == (lr, batch, updates)
 
 
+def test_help_lists_every_method_with_its_description():
+    out = subprocess.run(["bash", str(RUN_SH), "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listed = out.stdout.split("methods (--method):\n", 1)[1]
+    for name in ("finetune", "lora", "m-idpg-phm", "dpt", "inducer-lora"):
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(METHODS[name].description)}$", listed, re.M), name
+    assert len([line for line in listed.splitlines() if line.startswith("  ")]) == len(METHODS)
+    assert "--bf16" in out.stdout and "--few-shot K" in out.stdout  # the flags, from RunConfig's fields
+
+
 # ---------------------------------------------------------------------------------------- values given
 @pytest.mark.parametrize(
     "flags,message",
