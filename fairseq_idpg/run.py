@@ -715,85 +715,104 @@ def describe(budget, recipe, extra=()):
 
 def execute(p):
     """Train (or resume) and score the planned run; results.json marks it finished."""
-    args, argv, save, config, task, method = p.request, p.argv, p.folder, p.config, p.task, p.method
-    updates, batch, lr = config["updates"], config["batch"], config["lr"]
-    metric, select = config["metric"], config["select_on"]
-    timings, data, mdir, batch_size, start = p.timings, p.data, p.model_dir, p.batch_size, p.start
-    from fairseq_idpg.logs import validate_scores
-
-    # --- this configuration's state: finished, interrupted, or new
-    results_file, last = save / "results.json", save / "checkpoint_last.pt"
-    if args.restart and save.exists():
+    save = p.folder
+    if p.request.restart and save.exists():
         print(f"--restart: removing {save}", flush=True)
         shutil.rmtree(save)
-    if results_file.is_file():
-        done = json.loads(results_file.read_text())
+    if (save / "results.json").is_file():
+        done = json.loads((save / "results.json").read_text())
         print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
-        print(f"  (results {results_file}; --restart trains it again)")
+        print(f"  (results {save / 'results.json'}; --restart trains it again)")
         show_scores(done["results"], done["metric"])
         return 0
-    trained = False
-    if last.is_file():
-        done_updates, resume = checkpoint_updates(last)
-        if done_updates >= updates:
-            print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
-            trained = True
-        else:
-            print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
-        before = (
-            json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
-        )
-        if before and before != config["layout"]:
-            print(f"note: device layout {before} -> {config['layout']}; the same effective batch, other batch shards")
+    trained = trained_before(p)
     save.mkdir(parents=True, exist_ok=True)
-    (save / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
     if not trained:
-        with open(save / "train.log", "a", encoding="utf-8") as f:
-            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(argv)}\n")
-        timings["train"], _ = tee(p.train, save / "train.log", progress=TrainingEta(updates))
-        timings["train"] = round(timings["train"], 1)
-        # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
-        for interval in save.glob("checkpoint_*_*.pt"):
-            if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
-                interval.unlink()
+        train(p)
+    results = score(p)
+    write_record(p, results)
+    return 0
 
+
+def trained_before(p):
+    """Whether an interrupted run of this configuration had finished training (else it resumes)."""
+    save, updates = p.folder, p.config["updates"]
+    if not (save / "checkpoint_last.pt").is_file():
+        return False
+    done_updates, resume = checkpoint_updates(save / "checkpoint_last.pt")
+    if done_updates >= updates:
+        print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
+    else:
+        print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
+    before = json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
+    if before and before != p.config["layout"]:
+        print(f"note: device layout {before} -> {p.config['layout']}; the same effective batch, other batch shards")
+    return done_updates >= updates
+
+
+def train(p):
+    """fairseq-train, its output in train.log and on the terminal with the time left."""
+    save = p.folder
+    with open(save / "train.log", "a", encoding="utf-8") as f:
+        f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(p.argv)}\n")
+    seconds, _ = tee(p.train, save / "train.log", progress=TrainingEta(p.config["updates"]))
+    p.timings["train"] = round(seconds, 1)
+    # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
+    for interval in save.glob("checkpoint_*_*.pt"):
+        if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
+            interval.unlink()
+
+
+def score(p):
+    """fairseq-validate's scores of checkpoint_best.pt on every dev (and test) split: {split: {metric: value}}."""
+    from fairseq_idpg.logs import validate_scores
+
+    save, select = p.folder, p.config["select_on"]
     # fairseq-validate of this interpreter's environment; the backbone where it is now (the
     # checkpoint names the path it was trained with, which may have moved since)
     validate = [
-        console_script("fairseq-validate"), data, "--user-dir", REPO / "fairseq_idpg",
+        console_script("fairseq-validate"), p.data, "--user-dir", REPO / "fairseq_idpg",
         "--path", save / "checkpoint_best.pt",
-        "--valid-subset", ",".join(p.evals), "--batch-size", batch_size, "--num-workers", 0,
+        "--valid-subset", ",".join(p.evals), "--batch-size", p.batch_size, "--num-workers", 0,
         "--log-format", "json", "--log-interval", 10**9,  # one json line per subset, in order
     ]  # fmt: skip
-    if method.frozen_backbone:
-        validate += ["--model-overrides", repr({"backbone": str(mdir / "model.pt")})]
-    if args.max_tokens is not None:
-        validate += ["--max-tokens", args.max_tokens]
+    if p.method.frozen_backbone:
+        validate += ["--model-overrides", repr({"backbone": str(p.model_dir / "model.pt")})]
+    if p.request.max_tokens is not None:
+        validate += ["--max-tokens", p.request.max_tokens]
     if not _cuda():
         validate.append("--cpu")
     seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True)
-    timings["validate"] = round(seconds, 1)
+    p.timings["validate"] = round(seconds, 1)
     try:
         results = validate_scores(out, p.evals)
     except ValueError as e:
         raise RunError(f"{e} (see {save / 'validate.log'})") from None
     if select not in results:
         raise RunError(f"fairseq-validate printed no score for {select} (see {save / 'validate.log'})")
+    return results
 
-    print(f"\n== {task} | model {args.model} | method {args.method} | {updates} updates, batch {batch}, lr {lr:g}")
+
+def write_record(p, results):
+    """Print the scores and write results.json: the scores, the configuration, the commit, the timings."""
+    request, config, save, timings = p.request, p.config, p.folder, p.timings
+    updates, batch, lr, metric = config["updates"], config["batch"], config["lr"], config["metric"]
+    print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
+          f"lr {lr:g}")  # fmt: skip
     show_scores(results, metric)
-    timings["total"] = round(time.time() - start, 1)
+    timings["total"] = round(time.time() - p.start, 1)
     print("times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     print(f"run folder: {save}")
     record = {
-        "task": task,
-        "model": args.model,
-        "method": args.method,
+        "task": p.task,
+        "model": request.model,
+        "method": request.method,
         "metric": metric,
-        "select_on": select,
-        "score": results[select].get(metric),
+        "select_on": config["select_on"],
+        "score": results[config["select_on"]].get(metric),
         "results": results,
-        "seed": args.seed,
+        "seed": request.seed,
         "lr": lr,
         "updates": updates,
         "total_batch": batch,
@@ -804,10 +823,9 @@ def execute(p):
         # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
         "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": shlex.join(["scripts/run.sh", *argv]),
+        "command": shlex.join(["scripts/run.sh", *p.argv]),
     }
-    results_file.write_text(json.dumps(record, indent=1) + "\n")
-    return 0
+    (save / "results.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _cuda():

@@ -196,11 +196,43 @@ def _lrs(value, method, task, where):
 def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update=None):
     """The specification at ``path`` as its list of runs (``tasks``, ``methods``, ``seeds`` narrow it;
     ``model`` and ``max_update`` override it). SweepError names the key and what is valid."""
+    path = Path(path)
+    data = _read_spec(path)
+    spec = Spec(str(data["name"]), path, str(data.get("description", "")), model or data.get("model", "standin"))
+    spec.published = data.get("published")
+    all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
+    budgets = _budgets(data.get("budget", "full"), all_tasks, path)
+    base_args = [str(a) for a in _list(data.get("args", []), f"{path}: args", object)] if data.get("args") else []
+    labels = set()
+    for entry in _list(data["methods"], f"{path}: methods", object):
+        variant = _variant(entry, labels, path)
+        where = f"{path}: {variant['label']}"
+        run_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)] if "tasks" in variant else all_tasks
+        updates = variant.get("max_update", data.get("max_update"))
+        if updates is not None:
+            _list(updates, f"{where}: max_update", int)
+        common = {
+            "seeds": [s for s in _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
+                      if not seeds or s in seeds],
+            "lrs": variant.get("lrs", data.get("lrs")),
+            "max_update": max_update if max_update is not None else updates,
+            "args": base_args + [str(a) for a in variant.get("args", [])],
+        }  # fmt: skip
+        if methods and variant["label"] not in methods and variant["method"] not in methods:
+            continue
+        for task in run_tasks:
+            if tasks and task not in tasks:
+                continue
+            spec.runs += _runs(spec.model, task, variant, budgets(task, where), where, **common)
+    if not spec.runs:
+        raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
+    return spec
+
+
+def _read_spec(path):
+    """The YAML mapping, its keys checked."""
     import yaml
 
-    from fairseq_idpg.methods import METHODS
-
-    path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such specification file")
     try:
@@ -213,77 +245,72 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
     for key in ("name", "tasks", "methods"):
         if not data.get(key):
             raise SweepError(f"{path}: {key!r} is missing")
-    spec = Spec(str(data["name"]), path, str(data.get("description", "")), model or data.get("model", "standin"))
-    spec.published = data.get("published")
-    all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
-    budget = data.get("budget", "full")
-    few_shot = None  # task -> [(K, the table's name of that budget)]
+    return data
+
+
+def _budgets(budget, tasks, path):
+    """``budgets(task, where)``: a task's data budgets, [{few_shot, dev_from_train, data_seed ("seed": the
+    run's), name}]."""
     if budget == "full":
-        budgets = [{}]
-    elif isinstance(budget, dict):
-        _unknown(budget, BUDGET_KEYS, f"{path}: budget")
-        if "few_shot" in budget and "dev_from_train" in budget:
-            raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
-        data_seed = budget.get("data_seed", "seed")
-        if data_seed != "seed":
-            _list(data_seed, f"{path}: budget.data_seed", int)
-        if "few_shot" in budget:
-            few_shot = _few_shot(budget["few_shot"], all_tasks, f"{path}: budget.few_shot")
-        elif "dev_from_train" in budget:
-            budgets = [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
-        else:
-            raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
-    else:
+        return lambda task, where: [{}]
+    if not isinstance(budget, dict):
         raise SweepError(f"{path}: budget {budget!r}; valid: full, or a mapping with few_shot or dev_from_train")
-    base_args = [str(a) for a in _list(data.get("args", []), f"{path}: args", object)] if data.get("args") else []
-    labels = set()
-    for entry in _list(data["methods"], f"{path}: methods", object):
-        variant = {"method": entry} if isinstance(entry, str) else entry
-        if not isinstance(variant, dict):
-            raise SweepError(f"{path}: methods: {entry!r} is neither a method name nor a mapping")
-        _unknown(variant, VARIANT_KEYS, f"{path}: methods: {variant.get('label', variant.get('method'))}")
-        name = variant.get("method")
-        if name not in METHODS:
-            raise SweepError(f"{path}: methods: unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
-        label = str(variant.get("label", name))
-        if label in labels:
-            raise SweepError(f"{path}: methods: the label {label!r} is used twice (give variants their own label)")
-        labels.add(label)
-        where = f"{path}: {label}"
-        var_tasks = all_tasks
-        if "tasks" in variant:
-            var_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)]
-        run_seeds = _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
-        updates = variant.get("max_update", data.get("max_update"))
-        if updates is not None:
-            _list(updates, f"{where}: max_update", int)
-        if max_update is not None:
-            updates = max_update
-        args = base_args + [str(a) for a in variant.get("args", [])]
-        for task in var_tasks:
-            if tasks and task not in tasks:
-                continue
-            if methods and label not in methods and name not in methods:
-                continue
-            if few_shot is not None:
-                budgets = [{"few_shot": k, "data_seed": data_seed, "name": name} for k, name in few_shot[task]]
-            for b in budgets:
-                for lr in _lrs(variant.get("lrs", data.get("lrs")), METHODS[name], task, f"{where}: lrs"):
-                    for seed in run_seeds:
-                        if seeds and seed not in seeds:
-                            continue
-                        sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
-                        request = RunConfig(task, name, spec.model, seed, lr=lr, few_shot=b.get("few_shot"),
-                                            dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
-                                            max_update=updates)  # fmt: skip
-                        try:
-                            request = request.with_flags(args)
-                        except RunError as e:
-                            raise SweepError(f"{where}: args: {e}") from None
-                        spec.runs.append(Run(request, label, b.get("name")))
-    if not spec.runs:
-        raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
-    return spec
+    _unknown(budget, BUDGET_KEYS, f"{path}: budget")
+    if "few_shot" in budget and "dev_from_train" in budget:
+        raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
+    data_seed = budget.get("data_seed", "seed")
+    if data_seed != "seed":
+        _list(data_seed, f"{path}: budget.data_seed", int)
+    if "few_shot" in budget:
+        few_shot = _few_shot(budget["few_shot"], tasks, f"{path}: budget.few_shot")
+
+        def per_task(task, where):
+            if task not in few_shot:  # a variant's own task
+                raise SweepError(f"{where}: budget.few_shot names no K for {task} (add it to the spec's tasks)")
+            return [{"few_shot": k, "data_seed": data_seed, "name": name} for k, name in few_shot[task]]
+
+        return per_task
+    if "dev_from_train" in budget:
+        return lambda task, where: [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
+    raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
+
+
+def _variant(entry, labels, path):
+    """A ``methods`` entry as a mapping with its method checked and its label (unique) set."""
+    from fairseq_idpg.methods import METHODS
+
+    variant = {"method": entry} if isinstance(entry, str) else entry
+    if not isinstance(variant, dict):
+        raise SweepError(f"{path}: methods: {entry!r} is neither a method name nor a mapping")
+    _unknown(variant, VARIANT_KEYS, f"{path}: methods: {variant.get('label', variant.get('method'))}")
+    name = variant.get("method")
+    if name not in METHODS:
+        raise SweepError(f"{path}: methods: unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
+    label = str(variant.get("label", name))
+    if label in labels:
+        raise SweepError(f"{path}: methods: the label {label!r} is used twice (give variants their own label)")
+    labels.add(label)
+    return {**variant, "label": label}
+
+
+def _runs(model, task, variant, budgets, where, seeds, lrs, max_update, args):
+    """One variant's runs on one task: every budget x lr x seed."""
+    from fairseq_idpg.methods import METHODS
+
+    runs, name = [], variant["method"]
+    for b in budgets:
+        for lr in _lrs(lrs, METHODS[name], task, f"{where}: lrs"):
+            for seed in seeds:
+                sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
+                request = RunConfig(task, name, model, seed, lr=lr, few_shot=b.get("few_shot"),
+                                    dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
+                                    max_update=max_update)  # fmt: skip
+                try:
+                    request = request.with_flags(args)
+                except RunError as e:
+                    raise SweepError(f"{where}: args: {e}") from None
+                runs.append(Run(request, variant["label"], b.get("name")))
+    return runs
 
 
 # ---------------------------------------------------------------------------------------- planning
