@@ -39,6 +39,9 @@ clipping, weight decay, the dev split that selects checkpoint_best), with Adam (
 folder the updates are the recipe's epochs over the prepared train set; the stand-in keeps a smoke
 budget (300 updates; full fine-tuning at lr 5e-5).
 Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are checked first.
+
+The request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's flags as typed fields);
+``plan()`` resolves it into the configuration and commands, ``execute()`` trains and scores.
 """
 
 import dataclasses

@@ -1,8 +1,8 @@
 """One run's request, typed: ``RunConfig``, what ``scripts/run.sh`` is given and what a sweep's row is.
 
-    RunConfig.from_argv(["RTE", "--method", "lora", "--seed", "2"])     # run.sh's arguments (the parser
-    RunConfig(task="RTE", method="lora", seed=2).with_flags(["--lr", "1e-3", "--dropout", "0.2"])
-    config.argv()                                                       # the run.sh command line again
+    request = RunConfig.from_argv(["RTE", "--method", "lora", "--seed", "2"])   # run.sh's arguments
+    request = RunConfig("RTE", "lora", seed=2).with_flags(["--lr", "1e-3", "--dropout", "0.2"])  # a sweep's row
+    request.validate().argv()   # checked; the run.sh command line again ("--dropout 0.2" is in extra_args)
 
 Each field is a flag: its ``option(...)`` carries the help, the group in ``--help``, the check its value
 must pass and the options it excludes, and the parser is generated from the fields (the type from the

@@ -142,3 +142,14 @@ def test_bf16_reaches_fairseq_train_and_leaves_other_runs_their_folder(shared_da
     assert capsys.readouterr().err == (
         "run.sh: error: --bf16 and --fp16 exclude each other (one mixed precision at a time)\n"
     )
+
+
+def test_request_round_trips_through_its_command_line():
+    """argv() is the request again; a sweep's args apply run.sh flags (the last wins) and keep the rest."""
+    request = RunConfig("RTE", "lora", seed=2, lr=1e-3, few_shot=16, data_seed=9).with_flags(
+        ["--total-batch", "8", "--dropout", "0.2", "--lr", "2e-3", "--bf16"]
+    )
+    assert (request.total_batch, request.lr, request.bf16, request.extra_args) == (8, 2e-3, True, ("--dropout", "0.2"))
+    assert RunConfig.from_argv(request.argv()) == request
+    assert request.argv()[:7] == ["RTE", "--method", "lora", "--model", "standin", "--seed", "2"]
+    assert RunConfig.from_argv(["rte"]).argv() == ["rte", "--method", "finetune", "--model", "standin", "--seed", "1"]

@@ -120,6 +120,10 @@ args: [--dropout, 0]
         ("name: s\nmethods: [lora]\n", "'tasks' is missing"),
         ("name: s\ntasks: [RTE\n", "not valid YAML"),
         ("name: s\ntasks: [RTE]\nmethods: [{method: lora, lr: 1}]\n", "unknown key 'lr'"),
+        (
+            "name: s\ntasks: [RTE]\nmethods: [lora]\nargs: [--total-batch, x]\n",
+            "lora: args: argument --total-batch: invalid int value: 'x'",
+        ),
     ],
 )
 def test_bad_specifications_are_one_line_errors(tmp_path, capsys, text, message):
