@@ -571,10 +571,13 @@ def plan(args, extra, argv):
     elif dry and args.model in KNOWN_SIZES:
         dims = known_dims(args.model)
     else:
-        raise RunError(
-            f"--model {args.model}: {mdir}/model.pt and dict.txt not found "
-            f"(scripts/download.sh roberta large, or scripts/build_standin.sh for the stand-in)"
-        )
+        made_by = {
+            "standin": "scripts/build_standin.sh",
+            "roberta.base": "scripts/download.sh roberta base",
+            "roberta.large": "scripts/download.sh roberta large",
+        }  # any other folder: a conversion, or the export of IDPG's supplementary stage 1
+        hint = made_by.get(args.model, "scripts/convert_hf_to_fairseq.py or examples/idpg/supplementary.py make one")
+        raise RunError(f"--model {args.model}: {mdir}/model.pt and dict.txt not found ({hint})")
 
     print(f"{task} | method {args.method} ({method.source}) | model {args.model} ({mdir})", flush=True)
 
