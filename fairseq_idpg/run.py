@@ -59,15 +59,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from fairseq_idpg.run_config import (  # noqa: F401  (canonical_task, GLUE_TASKS: where things are)
-    GLUE_TASKS,
-    LMBFF_TASKS,
-    REPO,
-    RunConfig,
-    RunError,
-    canonical_task,
-    method_list,
-)
+from fairseq_idpg.run_config import LMBFF_TASKS, REPO, RunConfig, RunError, canonical_task, method_list
 from fairseq_idpg_compat import flag_value
 
 SHARED = REPO.parent / "shared"
@@ -559,10 +551,13 @@ def find_backbone(request):
     elif dry and request.model in KNOWN_SIZES:
         dims = known_dims(request.model)
     else:
-        raise RunError(
-            f"--model {request.model}: {mdir}/model.pt and dict.txt not found "
-            f"(scripts/download.sh roberta large, or scripts/build_standin.sh for the stand-in)"
-        )
+        made_by = {
+            "standin": "scripts/build_standin.sh",
+            "roberta.base": "scripts/download.sh roberta base",
+            "roberta.large": "scripts/download.sh roberta large",
+        }  # any other folder: a conversion, or the export of IDPG's supplementary stage 1
+        hint = made_by.get(request.model, "scripts/convert_hf_to_fairseq.py or examples/idpg/supplementary.py make one")
+        raise RunError(f"--model {request.model}: {mdir}/model.pt and dict.txt not found ({hint})")
     return Backbone(mdir, model_name(request.model), present, dims)
 
 

@@ -142,6 +142,7 @@ def test_bad_specifications_are_one_line_errors(tmp_path, capsys, text, message)
         (["--seeds", "1,x"], "--seeds '1,x': comma-separated integers"),
         (["--tasks", "RTF"], "--tasks: unknown task 'RTF'"),
         (["--methods", "dpt"], "no run left"),
+        (["--model", "models/roberta.large-mnli"], "not found (scripts/convert_hf_to_fairseq.py or examples/idpg/"),
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
