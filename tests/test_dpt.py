@@ -17,7 +17,10 @@ from fairseq.logging import metrics
 from fairseq_idpg.data.task_info import TaskInfo
 from fairseq_idpg.models.roberta_prompt import PRESETS, RANK_LOG_KEY
 from fairseq_idpg.modules.prompts.soft_prompts import (
+    PROMPT_MATRICES,
+    FullPrompt,
     LowRankPrompt,
+    PromptMatrix,
     RankProbePrompt,
     ResidualPrompt,
     init_prompt_,
@@ -220,7 +223,7 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
         ({"prompt_init": "xavier"}, r"--prompt-init must be one of uniform, normal, vocab, zero, got 'xavier'"),
         (
             {"prompt_matrix": "sparse"},
-            r"--prompt-matrix must be one of full, low-rank, rank-probe, residual, got 'sparse'",
+            rf"--prompt-matrix must be one of {', '.join(PROMPT_MATRICES)}, got 'sparse'",  # the built-ins first
         ),
         (
             {"prompt_preset": "p-tuning"},
@@ -231,6 +234,21 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
 def test_bad_settings_fail_at_build_time(tiny, flags, message):
     with pytest.raises(ValueError, match=message):
         build_tiny(tiny, ARCH, **flags)
+
+
+def test_the_built_in_matrices_come_first():
+    assert list(PROMPT_MATRICES)[:4] == ["full", "low-rank", "rank-probe", "residual"]
+    assert [name for name, matrix in PROMPT_MATRICES.items() if matrix.deep][:2] == ["full", "low-rank"]
+
+
+def test_a_matrix_registered_after_import_is_a_choice_of_the_parser_and_the_build(tiny, tmp_path, monkeypatch):
+    """docs/architecture.md's worked example: the registry is read when used, not copied at import."""
+    twice = PromptMatrix(lambda a, dim, stack: FullPrompt(2 * a.prompt_length, dim, stack=stack), deep=True)
+    monkeypatch.setitem(PROMPT_MATRICES, "twice", twice)
+    args = parse_train_args(tmp_path, "--arch", "roberta_prompt", "--prompt-matrix", "twice", "--prompt-deep")
+    assert (args.prompt_matrix, args.prompt_deep) == ("twice", True)
+    model = build_tiny(tiny, ARCH, prompt_matrix="twice", prompt_length=3, prompt_deep=True)
+    assert model.prompt().shape == (LAYERS, 6, DIM)
 
 
 def test_pair_positions_need_a_pair_task(tiny):
@@ -251,21 +269,17 @@ def test_inputs_longer_than_max_positions_minus_the_prompt_are_refused(tiny):
         model(tokens(), return_all_hiddens=True)
 
 
-def test_flags_and_presets_through_fairseq_parser(tmp_path):
+def parse_train_args(data, *flags):
+    """fairseq-train's parse of ``flags`` (with the user dir and a two-class task on ``data``)."""
     from fairseq import options
 
+    argv = [str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction"]
+    return options.parse_args_and_arch(options.get_training_parser(), [*argv, "--num-classes", "2", *flags])
+
+
+def test_flags_and_presets_through_fairseq_parser(tmp_path):
     def parse(*flags):
-        argv = [
-            str(tmp_path),
-            "--user-dir",
-            str(REPO / "fairseq_idpg"),
-            "--task",
-            "peft_sentence_prediction",
-            "--num-classes",
-            "2",
-            *flags,
-        ]
-        return options.parse_args_and_arch(options.get_training_parser(), argv)
+        return parse_train_args(tmp_path, *flags)
 
     args = parse("--arch", "roberta_prompt_large", "--prompt-preset", "deep-dpt", "--dpt-bottleneck", "4")
     assert (args.prompt_matrix, args.prompt_deep, args.dpt_bottleneck, args.prompt_length) == ("low-rank", True, 4, 100)

@@ -51,14 +51,7 @@ from fairseq.models.roberta.model import base_architecture, roberta_large_archit
 
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
-from fairseq_idpg.modules.prompts.soft_prompts import (
-    INITS,
-    FullPrompt,
-    LowRankPrompt,
-    RankProbePrompt,
-    ResidualPrompt,
-    sample_vocab_rows,
-)
+from fairseq_idpg.modules.prompts.soft_prompts import INITS, PROMPT_MATRICES, RankProbePrompt, sample_vocab_rows
 
 PRESET = "prompt_preset"
 
@@ -100,28 +93,14 @@ def full_preset(length, deep):
     return next((name for name in full if PRESETS[name]["prompt_length"] == length), full[-1])
 
 
-# --prompt-matrix -> fn(args, dim, stack) building the block; stack = L for --prompt-deep, else 0
-PROMPT_MATRICES = {
-    "full": lambda a, dim, stack: FullPrompt(
-        a.prompt_length, dim, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-    "low-rank": lambda a, dim, stack: LowRankPrompt(
-        a.prompt_length, dim, a.dpt_bottleneck, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-    "rank-probe": lambda a, dim, stack: RankProbePrompt(
-        a.prompt_length, dim, a.dpt_probe_rank, init=a.prompt_init, scale=a.prompt_init_scale, s_init=a.dpt_probe_s_init
-    ),
-    "residual": lambda a, dim, stack: ResidualPrompt(
-        a.prompt_length, dim, a.residual_prompt_bottleneck, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-}
-MATRICES = tuple(PROMPT_MATRICES)
-DEEP_MATRICES = ("full", "low-rank")  # the matrices that build a stack of L prompts
-
-
 def build_prompt(args, dim, num_layers):
     """The prompt module of ``args``: ``forward()`` -> P [l, d], or [L, l, d] with ``--prompt-deep``."""
-    return PROMPT_MATRICES[args.prompt_matrix](args, dim, num_layers if args.prompt_deep else 0)
+    return PROMPT_MATRICES[args.prompt_matrix].build(args, dim, num_layers if args.prompt_deep else 0)
+
+
+def deep_matrices():
+    """The ``--prompt-matrix`` choices that build a stack of L prompts (``--prompt-deep``)."""
+    return [name for name, matrix in PROMPT_MATRICES.items() if matrix.deep]
 
 
 @register_model("roberta_prompt")
@@ -144,8 +123,9 @@ class RobertaPromptModel(PromptedRobertaModel):
         group.add_argument("--prompt-preset", choices=list(PRESETS), help="a paper's configuration (default dpt)")
         group.add_argument(
             "--prompt-matrix",
-            choices=list(PROMPT_MATRICES),
-            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe) or P + LN(MLP(P)) (residual)",
+            choices=PROMPT_MATRICES,  # the registry itself: read when parsing, so later registrations count
+            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe), P + LN(MLP(P)) (residual), "
+            "or another registered parameterisation (modules/prompts/)",
         )
         group.add_argument("--prompt-length", type=int, metavar="L", help="prompt length l")
         group.add_argument(
@@ -186,7 +166,7 @@ class RobertaPromptModel(PromptedRobertaModel):
 
     @classmethod
     def check_args(cls, args, task):
-        check_choice(args, "prompt_matrix", MATRICES)
+        check_choice(args, "prompt_matrix", PROMPT_MATRICES)
         check_choice(args, "prompt_init", INITS)
         matrix, length, dim, num_layers = (
             args.prompt_matrix,
@@ -213,8 +193,8 @@ class RobertaPromptModel(PromptedRobertaModel):
             )
         if matrix == "residual":
             check_at_least(args, "residual_prompt_bottleneck", 1)
-        if args.prompt_deep and matrix not in DEEP_MATRICES:
-            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(DEEP_MATRICES)}, got {matrix}")
+        if args.prompt_deep and matrix not in deep_matrices():
+            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(deep_matrices())}, got {matrix}")
         if args.prompt_deep and num_layers < 2:
             raise ValueError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
         if not args.prompt_init_scale > 0:
