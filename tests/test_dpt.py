@@ -15,7 +15,7 @@ from conftest import build_tiny
 from fairseq.logging import metrics
 
 from fairseq_idpg.data.task_info import TaskInfo
-from fairseq_idpg.models.roberta_prompt import PRESETS, RANK_LOG_KEY
+from fairseq_idpg.models.roberta_prompt import RANK_LOG_KEY, presets
 from fairseq_idpg.modules.prompts.soft_prompts import (
     PROMPT_MATRICES,
     FullPrompt,
@@ -29,6 +29,8 @@ from fairseq_idpg.modules.prompts.soft_prompts import (
 REPO = Path(__file__).resolve().parents[1]
 DIM, LAYERS = 32, 2
 ARCH = "roberta_prompt"
+PRESETS = presets()  # every --prompt-preset: the roberta_prompt method records, then the export's
+FACTORED = [name for name, p in PRESETS.items() if p["prompt_matrix"] != "full"]  # what the export turns into P
 
 
 def load_script(name):
@@ -127,15 +129,16 @@ FORMULAS = {  # trainable count without the head (l, b, r, m, d, L): DPT section
 
 
 def test_every_preset_has_a_formula_and_its_length_in_its_name():
-    assert set(FORMULAS) == set(PRESETS)
+    assert set(FORMULAS) == set(PRESETS), "every roberta_prompt method (fairseq_idpg/methods.py) has a formula here"
     assert all(name.endswith(str(p["prompt_length"])) for name, p in PRESETS.items() if "tuning" in name)
 
 
-@pytest.mark.parametrize("preset", list(FORMULAS))
+@pytest.mark.parametrize("preset", list(PRESETS))
 def test_only_prompt_and_head_train_and_counts_follow_the_formula(tiny, preset):
     l, b, m = 6, 2, 8
     options = dict(prompt_length=l, dpt_bottleneck=b, residual_prompt_bottleneck=m)
     model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()
+    assert preset in FORMULAS, f"{preset}: add its count formula to FORMULAS"
     assert model.num_trainable_parameters() == FORMULAS[preset](l, b, min(l, DIM), m, DIM, LAYERS)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("prompt.", "classification_heads.head.")) for n in trainable)
@@ -304,7 +307,7 @@ def test_flags_and_presets_through_fairseq_parser(tmp_path):
 
 
 # ---------------------------------------------------------------------- export
-@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+@pytest.mark.parametrize("preset", FACTORED)
 def test_exported_prompt_gives_the_same_logits(tiny, preset):
     export_state = load_script("export_dpt_prompt").export_state
     options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8, save_trainable_only=True)
@@ -317,8 +320,9 @@ def test_exported_prompt_gives_the_same_logits(tiny, preset):
 
     args = exported["cfg"]["model"]
     assert args.prompt_matrix == "full" and model.args.prompt_matrix != "full"  # the original cfg is untouched
-    assert args.prompt_preset == ("deep-prompt-tuning-100" if preset == "deep-dpt" else "prompt-tuning-100")
-    assert P.shape == ((LAYERS,) if preset == "deep-dpt" else ()) + (6, DIM)
+    deep = PRESETS[preset]["prompt_deep"]
+    assert args.prompt_preset == ("deep-prompt-tuning-100" if deep else "prompt-tuning-100")
+    assert P.shape == ((LAYERS,) if deep else ()) + (6, DIM)
     assert torch.allclose(P, model.prompt().detach(), atol=1e-6)
     assert not any(k.startswith("prompt.") and k != "prompt.weight" for k in exported["model"])
     assert "last_optimizer_state" not in exported
@@ -340,6 +344,7 @@ def test_count_tables_follow_the_formulas_at_every_size():
     from fairseq_idpg.counts.prompts import BOTTLENECK, DPT_TABLES, L_PROMPT, RESIDUAL_M
 
     sizes = {"RoBERTa-large": (1024, 24), "RoBERTa-base": (768, 12), "stand-in": (384, 6)}
+    # the rows of each DPT table (fairseq_idpg/counts/prompts.py), not every preset
     order = ["dpt", "prompt-tuning-100", "residual-prompt", "dpt-rank-probe", "deep-dpt", "deep-prompt-tuning-100"]
     assert len(DPT_TABLES) == 3
     for title, rows_fn in DPT_TABLES:
@@ -373,7 +378,7 @@ def test_plot_reads_validations_of_a_fairseq_log(tmp_path):
     assert main([str(tmp_path / "empty.log"), "--out", str(tmp_path / "x.png")]) == 2
 
 
-@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+@pytest.mark.parametrize("preset", FACTORED)
 def test_runs_in_bfloat16_close_to_float32(tiny, preset):
     options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8)
     model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()

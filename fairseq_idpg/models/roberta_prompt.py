@@ -17,21 +17,10 @@ rank-probe  U ReLU(diag(s)) V (DPT Eq. 3), r = min(l, d)        l r + r + r d   
 residual    P + LN(W_up ReLU(W_down P)) (bottleneck m = 400)    l d + 2 d m + m + 3 d  (not deep)
 =========== ==================================================  ===================================
 
-Presets (``--prompt-preset``; the name says the length; explicit flags win):
-
-=======================  ==========================  ==========================================
-preset                   matrix, l, deep             source
-=======================  ==========================  ==========================================
-prompt-tuning-5          full, 5                     IDPG Table 1 / appendix A.1.2 (5,120)
-prompt-tuning-134        full, 134                   IDPG Table 1 (137,216)
-p-tuning-v2-5            full, 5, deep               IDPG Table 1 / appendix A.1.2 (122,880)
-prompt-tuning-100        full, 100                   DPT Table 1 (vanilla prompt tuning)
-deep-prompt-tuning-100   full, 100, deep             the export of deep-dpt
-dpt (default)            low-rank b = 10, 100        DPT section 3 (11,240 at d = 1024)
-dpt-rank-probe           rank-probe, 100             DPT section 2.2
-residual-prompt          residual m = 400, 100       DPT Table 1 (Razdaibiedina et al. 2023)
-deep-dpt                 low-rank b = 10, 100, deep  beyond DPT: A_k B_k at every layer
-=======================  ==========================  ==========================================
+Presets (``--prompt-preset NAME``; explicit flags win) are the method records of this architecture
+(``fairseq_idpg/methods.py``: ``--prompt-matrix``, ``--prompt-length``, ``--prompt-deep``; the name
+says the length; docs/dpt.md lists them), plus ``deep-prompt-tuning-100``, the export of deep-dpt
+(full, 100, deep), which no method trains. The default is ``dpt``.
 
 Every prompt tensor starts U(-0.5, 0.5) by default (``--prompt-init``, ``--prompt-init-scale``), as
 the authors' DPT code and IDPG's prompt biases do. ``--prompt-init vocab`` starts P from l rows of
@@ -49,28 +38,14 @@ from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
 
+from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.soft_prompts import INITS, PROMPT_MATRICES, RankProbePrompt, sample_vocab_rows
 
-PRESET = "prompt_preset"
-
-
-def _preset(matrix, length, deep=False):
-    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
-
-
-PRESETS = {
-    "prompt-tuning-5": _preset("full", 5),
-    "prompt-tuning-134": _preset("full", 134),
-    "p-tuning-v2-5": _preset("full", 5, deep=True),
-    "prompt-tuning-100": _preset("full", 100),
-    "deep-prompt-tuning-100": _preset("full", 100, deep=True),
-    "dpt": _preset("low-rank", 100),
-    "dpt-rank-probe": _preset("rank-probe", 100),
-    "residual-prompt": _preset("residual", 100),
-    "deep-dpt": _preset("low-rank", 100, deep=True),
-}
+PRESET_OPTION = "prompt_preset"
+# the one preset without a method: what scripts/export_dpt_prompt.py turns deep-dpt into (P_k = A_k B_k stored)
+EXPORT_PRESETS = {"deep-prompt-tuning-100": {"prompt_matrix": "full", "prompt_length": 100, "prompt_deep": True}}
 DEFAULTS = {  # DPT section 3: b = 10; residual prompt tuning's bottleneck 400; U(-0.5, 0.5)
     "prompt_matrix": "low-rank",
     "prompt_length": 100,
@@ -86,11 +61,17 @@ RANK_LOG_KEY = "prompt_rank"
 RANK_LOG_PRIORITY = 30  # printed after loss, accuracy and the GLUE metrics
 
 
+def presets():
+    """``{name: settings}`` of ``--prompt-preset``: the records of ``fairseq_idpg.methods``, then the export's."""
+    return {**presets_of(PRESET_OPTION), **EXPORT_PRESETS}
+
+
 def full_preset(length, deep):
     """The preset that trains P itself (``--prompt-matrix full``) with this depth, of this length
     when there is one (an explicit ``--prompt-length`` wins over a preset's either way)."""
-    full = [name for name, p in PRESETS.items() if p["prompt_matrix"] == "full" and p["prompt_deep"] == bool(deep)]
-    return next((name for name in full if PRESETS[name]["prompt_length"] == length), full[-1])
+    every = presets()
+    full = [name for name, p in every.items() if p["prompt_matrix"] == "full" and p["prompt_deep"] == bool(deep)]
+    return next((name for name in full if every[name]["prompt_length"] == length), full[-1])
 
 
 def build_prompt(args, dim, num_layers):
@@ -108,7 +89,11 @@ class RobertaPromptModel(PromptedRobertaModel):
     """Frozen RoBERTa + a static soft prompt (see the module docstring)."""
 
     PROMPT_LENGTH = "prompt_length"
-    PRESET, PRESETS, DEFAULTS, DEFAULT_PRESET = PRESET, PRESETS, DEFAULTS, "dpt"
+    PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "dpt"
+
+    @classmethod
+    def presets(cls):
+        return presets()
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -120,7 +105,9 @@ class RobertaPromptModel(PromptedRobertaModel):
         PromptedRobertaModel.add_args(parser)
         # no argparse defaults: the preset, then DEFAULTS, fill what is not given (configure)
         group = parser.add_argument_group("Soft prompt")
-        group.add_argument("--prompt-preset", choices=list(PRESETS), help="a paper's configuration (default dpt)")
+        group.add_argument(
+            "--prompt-preset", choices=presets(), help="a method's configuration (fairseq_idpg/methods.py; default dpt)"
+        )
         group.add_argument(
             "--prompt-matrix",
             choices=PROMPT_MATRICES,  # the registry itself: read when parsing, so later registrations count
