@@ -254,22 +254,30 @@ _PROMPT_METHODS = (  # name, preset, recipe, description, source
 # l = 100 prompts start from vocabulary rows (Lester et al.; for DPT their best rank-b approximation):
 # with the encoder's dropout off, the largest effect measured on the stand-in (docs/long-prompts.md)
 VOCAB_START = ("prompt-tuning-100", "dpt", "deep-dpt")
-for _name, _preset, _recipe, _description, _source in _PROMPT_METHODS:
-    register(
+
+
+def prompt_method(name, preset, recipe, description, source):
+    """Register the roberta_prompt method ``name``: ``--prompt-preset name`` sets ``preset``
+    (``_prompt(...)``), checkpoints are compact."""
+    return register(
         Method(
-            _name,
+            name,
             arch="roberta_prompt",
             options={
-                "prompt_preset": _name,
-                **({"prompt_init": "vocab"} if _name in VOCAB_START else {}),
+                "prompt_preset": name,
+                **({"prompt_init": "vocab"} if name in VOCAB_START else {}),
                 "save_trainable_only": True,
             },  # fmt: skip
-            preset=_preset,
-            recipe=_recipe,
-            description=_description,
-            source=_source,
+            preset=preset,
+            recipe=recipe,
+            description=description,
+            source=source,
         )
     )
+
+
+for _row in _PROMPT_METHODS:
+    prompt_method(*_row)
 
 # IDPG (--arch roberta_idpg): instance-dependent prompts; M(x) cached by its task. The presets are the
 # IDPG rows of IDPG Table 1 / Table 2 and the released scripts; what they leave open is roberta_idpg's

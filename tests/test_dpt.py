@@ -224,9 +224,10 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
         ),
         ({"prompt_position": 5}, r"--prompt-position must be one of 0-4, got 5"),
         ({"prompt_init": "xavier"}, r"--prompt-init must be one of uniform, normal, vocab, zero, got 'xavier'"),
-        (
+        pytest.param(
             {"prompt_matrix": "sparse"},
             rf"--prompt-matrix must be one of {', '.join(PROMPT_MATRICES)}, got 'sparse'",  # the built-ins first
+            id="unknown-matrix",
         ),
         (
             {"prompt_preset": "p-tuning"},
@@ -304,6 +305,19 @@ def test_flags_and_presets_through_fairseq_parser(tmp_path):
     )
     args = parse("--arch", "roberta_prompt", "--prompt-preset", "p-tuning-v2-5")
     assert (args.prompt_matrix, args.prompt_length, args.prompt_deep, args.prompt_position) == ("full", 5, True, 0)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_and_its_matrix_through_fairseq_parser(tmp_path, preset):
+    settings = PRESETS[preset]
+    args = parse_train_args(
+        tmp_path, "--arch", "roberta_prompt", "--prompt-preset", preset, "--prompt-matrix", settings["prompt_matrix"]
+    )
+    assert (args.prompt_preset, args.prompt_length, args.prompt_deep) == (
+        preset,
+        settings["prompt_length"],
+        settings["prompt_deep"],
+    )
 
 
 # ---------------------------------------------------------------------- export
