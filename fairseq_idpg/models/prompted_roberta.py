@@ -6,11 +6,7 @@ A subclass supplies its prompts and their length, nothing else of the forward pa
 
     class MyPromptModel(PromptedRobertaModel):
         PROMPT_LENGTH = "my_prompt_length"      # the option holding t
-        PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = "my_preset", {...}, "..."
-
-        @classmethod
-        def presets(cls):                       # {name: settings}: the method records' (methods.presets_of)
-            return presets_of(cls.PRESET_OPTION)
+        PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = "my_preset", {...}, "..."   # presets: the method records'
 
         def prompts(self, src_tokens, **net_input):
             return P_0, layer_prompts           # [t, C] or [B, t, C]; fn(l, x) -> P_l, or None
@@ -33,6 +29,7 @@ extra) with ``extra["inner_states"]`` = [final features, (T+t) x B x C] and ``ex
 is refused).
 """
 
+from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
 from fairseq_idpg.models.presets import flag, resolve_preset
 from fairseq_idpg.modules.prompts.encoder import prompted_features
@@ -52,8 +49,9 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
 
     @classmethod
     def presets(cls):
-        """Preset name -> {option dest: value}, read when used (the records of ``fairseq_idpg.methods``)."""
-        return {}
+        """Preset name -> {option dest: value}: the method records that name themselves under
+        ``PRESET_OPTION`` (``fairseq_idpg.methods.presets_of``), read when used."""
+        return presets_of(cls.PRESET_OPTION)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)

@@ -40,7 +40,6 @@ from fairseq_idpg.data.sentence_representation_cache import (
     split_sentence_ids,
     to_device,
 )
-from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
@@ -93,18 +92,13 @@ class RobertaIdpgModel(PromptedRobertaModel):
     PROMPT_LENGTH = "idpg_prompt_length"
     PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "m-idpg-phm"
 
-    @classmethod
-    def presets(cls):
-        """``{name: settings}`` of ``--idpg-preset``: the records of ``fairseq_idpg.methods``."""
-        return presets_of(PRESET_OPTION)
-
     @staticmethod
     def add_args(parser):
         PromptedRobertaModel.add_args(parser)
         g = parser.add_argument_group("IDPG: instance-dependent prompt generation")
         g.add_argument(
             "--idpg-preset",
-            choices=presets_of(PRESET_OPTION),
+            choices=RobertaIdpgModel.presets(),
             help="an IDPG row of IDPG Table 1/2 (fairseq_idpg/methods.py; default m-idpg-phm)",
         )
         g.add_argument("--idpg-generator", choices=KINDS, help="generator G: dnn or phm (IDPG Eq. 4)")

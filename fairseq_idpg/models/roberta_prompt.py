@@ -5,8 +5,9 @@ One prompt P [l, d] (``--prompt-length`` l) is inserted at ``--prompt-position``
 ``<s>``; ``prompted_roberta.py`` owns the insertion and the forward pass); with ``--prompt-deep``
 a stack P_0..P_{L-1} [L, l, d] is used in IDPG's P-tuning v2 scheme (IDPG section 4.1, appendix
 A.1.2): P_0 inserted at the input, P_k added to the hidden states at the prompt slots after layer
-k = 1..L-1 (nothing after the last layer). ``--prompt-matrix`` says how P is parameterised
-(``modules/prompts/soft_prompts.py``):
+k = 1..L-1 (nothing after the last layer). ``--prompt-matrix`` says how P is parameterised: one
+choice per parameterisation registered in ``modules/prompts/`` (``register_prompt_matrix``, read
+when parsing and building); those of ``soft_prompts.py``:
 
 =========== ==================================================  ===================================
 matrix      P                                                   trainable (no head), x L when deep
@@ -93,7 +94,7 @@ class RobertaPromptModel(PromptedRobertaModel):
 
     @classmethod
     def presets(cls):
-        return presets()
+        return presets()  # the records', then the export's
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
