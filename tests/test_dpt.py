@@ -15,6 +15,7 @@ from conftest import build_tiny
 from fairseq.logging import metrics
 
 from fairseq_idpg.data.task_info import TaskInfo
+from fairseq_idpg.methods import METHODS, Method
 from fairseq_idpg.models.roberta_prompt import RANK_LOG_KEY, presets
 from fairseq_idpg.modules.prompts.soft_prompts import (
     PROMPT_MATRICES,
@@ -253,6 +254,16 @@ def test_a_matrix_registered_after_import_is_a_choice_of_the_parser_and_the_buil
     assert (args.prompt_matrix, args.prompt_deep) == ("twice", True)
     model = build_tiny(tiny, ARCH, prompt_matrix="twice", prompt_length=3, prompt_deep=True)
     assert model.prompt().shape == (LAYERS, 6, DIM)
+
+
+def test_a_record_registered_after_import_is_a_preset_of_the_parser_and_the_build(tiny, tmp_path, monkeypatch):
+    """A method has one name: its record's ``preset`` is what ``--prompt-preset NAME`` sets."""
+    preset = dict(prompt_matrix="low-rank", prompt_length=8, prompt_deep=False)
+    record = Method("dpt-8", arch=ARCH, options={"prompt_preset": "dpt-8"}, preset=preset)
+    monkeypatch.setitem(METHODS, record.name, record)
+    args = parse_train_args(tmp_path, "--arch", ARCH, "--prompt-preset", "dpt-8")
+    assert (args.prompt_matrix, args.prompt_length, args.prompt_deep) == ("low-rank", 8, False)
+    assert build_tiny(tiny, record, dpt_bottleneck=2).num_inserted_tokens == 8
 
 
 def test_pair_positions_need_a_pair_task(tiny):
