@@ -207,14 +207,24 @@ class ConfigError(ValueError):
     """A configuration or input that cannot be right; entry points print it as one line, exit 2 (fix 10)."""
 
 
-# ---------------------------------------------------------------- 5. fairseq-validate
-def _flag_value(argv, flag):
+# ---------------------------------------------------------------- command lines (here, and run.py, launch.py)
+def has_flag(argv, flag):
+    """Whether ``flag`` is in a command line (``--flag``, ``--flag VALUE`` or ``--flag=VALUE``)."""
+    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+
+
+def flag_value(argv, flag):
+    """The value given to ``flag`` in a command line (the last one, as argparse reads it), or None."""
+    value = None
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg[len(flag) + 1 :]
-    return None
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
+# ---------------------------------------------------------------- 5. fairseq-validate
 
 
 def saved_task_and_criterion(path):
@@ -242,14 +252,14 @@ def validate_defaults_from_checkpoint(validate):
 
     def cli_main():
         argv = sys.argv[1:]
-        path = _flag_value(argv, "--path")
+        path = flag_value(argv, "--path")
         if not path and "-h" not in argv and "--help" not in argv:
             raise ConfigError("--path is required: the checkpoint to score (written by fairseq-train)")
         for each in (path or "").split(os.pathsep) if path else []:
             if not os.path.isfile(each):
                 what = "a folder" if os.path.isdir(each) else "no such file"
                 raise ConfigError(f"--path {each}: {what} (expected a checkpoint file written by fairseq-train)")
-        missing = [f for f in ("--task", "--criterion") if _flag_value(argv, f) is None]
+        missing = [f for f in ("--task", "--criterion") if flag_value(argv, f) is None]
         if path and missing:
             first = path.split(os.pathsep)[0]
             try:

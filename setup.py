@@ -43,7 +43,7 @@ setup(
     py_modules=["fairseq_idpg_compat"],
     # tested: Python 3.11 with torch 2.13 (CI), Python 3.12 with torch 2.13 (scripts/test_python.sh);
     # fairseq_idpg_compat makes fairseq 0.12.2 run there (docs in that module)
-    python_requires=">=3.8,<3.13",
+    python_requires=">=3.11,<3.13",
     classifiers=["Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.12"],
     install_requires=[
         "torch>=2.4",  # the oldest release the compatibility fixes and tests are written for

@@ -1,12 +1,22 @@
 """The one exception type for a user's mistake: ``ConfigError`` (defined beside the fairseq fixes, in
-``fairseq_idpg_compat``, whose fix 10 reports it).
+``fairseq_idpg_compat``, whose fix 10 reports it), a ValueError.
 
 A configuration or input that cannot be right (a flag's value, a file that is missing or not what
 the flag names) raises ``ConfigError`` with one line naming the flag or file and what was expected.
-Entry points turn it, and only it, into ``PROG: error: MESSAGE`` with exit status 2: fairseq-train and
-fairseq-validate (compat fix 10), prepare_data.py (``PrepareError`` is one) and scripts/run.sh (which
-passes on the one line of the command it ran); the hub (``RobertaModel.from_pretrained``) raises it as
-it is. Any other exception is a bug and keeps its traceback.
+Each entry point's own kind is a subclass, so that a caller catches them all as ``ConfigError``:
+
+- ``PrepareError``: prepare_data.py (``preprocessing/formats.py``);
+- ``RunError``: scripts/run.sh (``run_config.py``), which also passes on the one line of a command it ran;
+- ``SweepError``: scripts/sweep.sh (``sweep.py``);
+- ``RecordsError``, ``PublishedError``: the results command (``results/records.py``, ``results/published.py``);
+- ``ConversionError``: the checkpoint converter (``conversion/errors.py``);
+- ``BackboneNotFound``, ``BackboneMismatch`` (below): ``--backbone`` at build and load time.
+
+Entry points turn them, and only them, into ``PROG: error: MESSAGE`` with exit status 2: fairseq-train and
+fairseq-validate (compat fix 10) and each command above (run.sh: 130 when it was interrupted); the hub
+(``RobertaModel.from_pretrained``) raises them as they are. Any other exception is a bug and keeps its
+traceback (a converted model that does not reproduce its source, ``VerificationError``, is not a
+mistake in the input: the converter says so and exits 1).
 
 ``option_checks()`` marks where a model or task is built from options: a ValueError or
 FileNotFoundError that fairseq_idpg's own code raises there (a ``raise`` in this package, not one from

@@ -21,6 +21,8 @@ import os
 import shlex
 import sys
 
+from fairseq_idpg_compat import has_flag
+
 
 def update_freq_for(total_batch, nproc, batch_size):
     per_update = nproc * batch_size
@@ -57,34 +59,30 @@ def layout(total_batch, nproc=1, batch_size=None, update_freq=None):
     return batch_size, freq
 
 
-def _has_flag(argv, flag):
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
 def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_port=None, python=sys.executable):
     """The command line (list) that runs fairseq-train as described in the module docstring."""
     for flag in ("--batch-size", "--update-freq", "--distributed-world-size"):
-        if _has_flag(train_args, flag):
+        if has_flag(train_args, flag):
             raise ValueError(f"{flag} is set by the launcher; give --batch-size/--total-batch/--nproc to it instead")
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     if cpu is None:
         import torch
 
-        cpu = _has_flag(train_args, "--cpu") or not torch.cuda.is_available()
+        cpu = has_flag(train_args, "--cpu") or not torch.cuda.is_available()
     args = list(train_args) + [
         "--batch-size",
         str(batch_size),
         "--update-freq",
         str(update_freq_for(total_batch, nproc, batch_size)),
     ]
-    if cpu and not _has_flag(args, "--cpu"):
+    if cpu and not has_flag(args, "--cpu"):
         args.append("--cpu")
     if nproc == 1:
         return [python, "-m", "fairseq_cli.train"] + args
-    if not _has_flag(args, "--distributed-backend"):
+    if not has_flag(args, "--distributed-backend"):
         args += ["--distributed-backend", "gloo" if cpu else "nccl"]
-    if not _has_flag(args, "--ddp-backend"):
+    if not has_flag(args, "--ddp-backend"):
         args += ["--ddp-backend", "legacy_ddp" if cpu else "pytorch_ddp"]
     rdzv = (
         ["--standalone"] if master_port is None else ["--master_addr", "127.0.0.1", "--master_port", str(master_port)]

@@ -8,7 +8,13 @@ builds the model of a record (counts, benchmarks, tests), and the test suite che
 record (tests/test_every_method.py), so a new record is tested with no new test code.
 
     Method("m-idpg-phm", arch="roberta_idpg", options={"idpg_preset": "m-idpg-phm"},
+           preset=dict(idpg_generator="phm", idpg_hidden=16, ...),
            recipe=IDPG_RECIPE, task="idpg_sentence_prediction", source="IDPG Table 1")
+
+A method has one name: where its options name a preset of its own (``"idpg_preset": NAME``), the
+record also carries what that preset sets (``preset``), and the model family reads its presets
+from the records (``presets_of``), so ``fairseq-train --idpg-preset NAME`` means what the record
+says. ``options`` alone are what a run folder's hash covers (fairseq_idpg/run.py).
 
 Frozen-backbone methods get the pretrained checkpoint as ``--backbone PATH`` (loaded frozen at
 build time, ``models/frozen_roberta.py``); full fine-tuning gets it as ``--restore-file``. The
@@ -79,14 +85,14 @@ class Recipe:
 @dataclass(frozen=True)
 class Method:
     """One method: ``arch`` + ``options`` (model attributes, e.g. ``{"idpg_preset": ...}``) +
-    the ``recipe``; ``task``: the fairseq task it trains with. ``blocks``: the block settings of a
-    ``roberta_blocks`` method (block options, attribute names), what ``--blocks-preset NAME`` fills;
-    not in ``options``, so run folders' hashes stay as they were."""
+    the ``recipe``; ``task``: the fairseq task it trains with. ``preset``: the model attributes
+    that the preset of this method's name sets (``--idpg-preset NAME``), for a record whose
+    options name itself as the preset; empty for the others."""
 
     name: str
     arch: str
     options: Mapping[str, Any] = field(default_factory=dict)
-    blocks: Mapping[str, Any] = field(default_factory=dict)
+    preset: Mapping[str, Any] = field(default_factory=dict)
     recipe: Recipe = Recipe()
     task: str = "peft_sentence_prediction"
     frozen_backbone: bool = True
@@ -137,6 +143,12 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
     return METHODS[name]
+
+
+def presets_of(option: str) -> Dict[str, Mapping[str, Any]]:
+    """``{name: settings}`` of the records that carry a preset and name it under ``option``
+    (``"prompt_preset"``): the presets ``--prompt-preset`` accepts, read from ``METHODS`` now."""
+    return {m.name: m.preset for m in METHODS.values() if m.preset and m.options.get(option) == m.name}
 
 
 # ---------------------------------------------------------------------------------------- recipes
@@ -215,52 +227,81 @@ register(
     )
 )
 
+
 # Static soft prompts (--arch roberta_prompt): one implementation of prompt tuning, P-tuning v2,
-# DPT and its baselines; the preset names say the prompt length.
-_PROMPT_METHODS = (
-    ("prompt-tuning-5", IDPG_RECIPE, "prompt tuning, t = 5 (5,120 at roberta-large)", "IDPG Table 1"),
-    ("prompt-tuning-134", IDPG_RECIPE, "prompt tuning, t = 134 (137,216)", "IDPG Table 1"),
-    ("p-tuning-v2-5", IDPG_RECIPE, "P-tuning v2: per-layer additive prompts, t = 5 (122,880)", "IDPG Table 1"),
-    ("prompt-tuning-100", LONG_PROMPT_RECIPE, "vanilla prompt tuning, l = 100 (DPT's baseline)", "DPT Table 1"),
-    ("dpt", LONG_PROMPT_RECIPE, "DPT: P = A B, l = 100, b = 10 (Eq. 5)", "DPT section 3"),
-    ("dpt-rank-probe", LONG_PROMPT_RECIPE, "rank probe: P = U ReLU(diag(s)) V, logs prompt_rank", "DPT section 2.2"),
-    ("residual-prompt", LONG_PROMPT_RECIPE, "residual prompt tuning, l = 100, bottleneck 400", "DPT Table 1"),
-    ("deep-dpt", LONG_PROMPT_RECIPE, "deep DPT: a low-rank prompt A_k B_k at every layer (beyond the paper)",
-     "DPT section 3"),
+# DPT and its baselines; each preset is --prompt-matrix, --prompt-length l (its name says l) and
+# --prompt-deep (a prompt per layer, IDPG's P-tuning v2 scheme).
+def _prompt(matrix, length, deep=False):
+    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
+
+
+_PROMPT_METHODS = (  # name, preset, recipe, description, source
+    ("prompt-tuning-5", _prompt("full", 5), IDPG_RECIPE, "prompt tuning, t = 5 (5,120 at roberta-large)",
+     "IDPG Table 1"),
+    ("prompt-tuning-134", _prompt("full", 134), IDPG_RECIPE, "prompt tuning, t = 134 (137,216)", "IDPG Table 1"),
+    ("p-tuning-v2-5", _prompt("full", 5, deep=True), IDPG_RECIPE,
+     "P-tuning v2: per-layer additive prompts, t = 5 (122,880)", "IDPG Table 1"),
+    ("prompt-tuning-100", _prompt("full", 100), LONG_PROMPT_RECIPE, "vanilla prompt tuning, l = 100 (DPT's baseline)",
+     "DPT Table 1"),
+    ("dpt", _prompt("low-rank", 100), LONG_PROMPT_RECIPE, "DPT: P = A B, l = 100, b = 10 (Eq. 5)", "DPT section 3"),
+    ("dpt-rank-probe", _prompt("rank-probe", 100), LONG_PROMPT_RECIPE,
+     "rank probe: P = U ReLU(diag(s)) V, logs prompt_rank", "DPT section 2.2"),
+    ("residual-prompt", _prompt("residual", 100), LONG_PROMPT_RECIPE,
+     "residual prompt tuning, l = 100, bottleneck 400", "DPT Table 1"),
+    ("deep-dpt", _prompt("low-rank", 100, deep=True), LONG_PROMPT_RECIPE,
+     "deep DPT: a low-rank prompt A_k B_k at every layer (beyond the paper)", "DPT section 3"),
 )  # fmt: skip
 # l = 100 prompts start from vocabulary rows (Lester et al.; for DPT their best rank-b approximation):
 # with the encoder's dropout off, the largest effect measured on the stand-in (docs/long-prompts.md)
 VOCAB_START = ("prompt-tuning-100", "dpt", "deep-dpt")
-for _name, _recipe, _description, _source in _PROMPT_METHODS:
-    register(
+
+
+def prompt_method(name, preset, recipe, description, source):
+    """Register the roberta_prompt method ``name``: ``--prompt-preset name`` sets ``preset``
+    (``_prompt(...)``), checkpoints are compact."""
+    return register(
         Method(
-            _name,
+            name,
             arch="roberta_prompt",
             options={
-                "prompt_preset": _name,
-                **({"prompt_init": "vocab"} if _name in VOCAB_START else {}),
+                "prompt_preset": name,
+                **({"prompt_init": "vocab"} if name in VOCAB_START else {}),
                 "save_trainable_only": True,
             },  # fmt: skip
-            recipe=_recipe,
-            description=_description,
-            source=_source,
+            preset=preset,
+            recipe=recipe,
+            description=description,
+            source=source,
         )
     )
 
-# IDPG (--arch roberta_idpg): instance-dependent prompts; M(x) cached by its task.
-_IDPG_METHODS = (
-    ("s-idpg-phm", "S-IDPG-PHM, m = 256, n = 16, one A set (107,776)"),
-    ("s-idpg-dnn", "S-IDPG-DNN, m = 256 (1,578,240)"),
-    ("m-idpg-phm", "M-IDPG-PHM, m = 16, n = 16, previous-layer input, M version (137,232)"),
-    ("m-idpg-dnn", "M-IDPG-DNN, m = 16, previous-layer input, M version (221,200)"),
-    ("m-idpg-phm-glove", "M-IDPG-PHM-GloVe, GloVe M(x), n = 4 (144,704); give --idpg-glove-vectors"),
-)
-for _name, _description in _IDPG_METHODS:
+
+for _row in _PROMPT_METHODS:
+    prompt_method(*_row)
+
+# IDPG (--arch roberta_idpg): instance-dependent prompts; M(x) cached by its task. The presets are the
+# IDPG rows of IDPG Table 1 / Table 2 and the released scripts; what they leave open is roberta_idpg's
+# DEFAULTS (t = 5, RoBERTa's <s> as M(x), the previous layer's <s> as the multi-layer input).
+_M = dict(idpg_depth="multi", idpg_sharing="M")  # M-IDPG: shared W, per-layer c_l (IDPG Table 1)
+_IDPG_METHODS = (  # name, preset, description
+    ("s-idpg-phm", dict(idpg_generator="phm", idpg_hidden=256, idpg_phm_n=16, idpg_phm_a_sets=1, idpg_depth="single"),
+     "S-IDPG-PHM, m = 256, n = 16, one A set (107,776)"),
+    ("s-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=256, idpg_depth="single"), "S-IDPG-DNN, m = 256 (1,578,240)"),
+    ("m-idpg-phm", dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=16, idpg_phm_a_sets=2, **_M),
+     "M-IDPG-PHM, m = 16, n = 16, previous-layer input, M version (137,232)"),
+    ("m-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=16, **_M),
+     "M-IDPG-DNN, m = 16, previous-layer input, M version (221,200)"),
+    ("m-idpg-phm-glove", dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=4, idpg_phm_a_sets=2,
+                              idpg_input="glove", idpg_layer_input="first", **_M),
+     "M-IDPG-PHM-GloVe, GloVe M(x), n = 4 (144,704); give --idpg-glove-vectors"),
+)  # fmt: skip
+for _name, _preset, _description in _IDPG_METHODS:
     register(
         Method(
             _name,
             arch="roberta_idpg",
             options={"idpg_preset": _name, "save_trainable_only": True},
+            preset=_preset,
             recipe=IDPG_RECIPE,
             task="idpg_sentence_prediction",
             description=_description,
@@ -280,7 +321,7 @@ register(
 )
 
 # Blocks in the frozen layers (--arch roberta_blocks): inducer-tuning and the adapter family. Each record's
-# ``blocks`` are its block settings (fairseq_idpg/blocks/: one file per block, its options and their
+# ``preset`` is its block settings (fairseq_idpg/blocks/: one file per block, its options and their
 # defaults); ``--blocks-preset NAME`` is the record's name.
 # inducer-tuning's records put a LoRA given on top of them on W_q only (section 4.5)
 _INDUCER = {"lora_targets": "q", "inducer_value": "extended", "inducer_output": "residual"}
@@ -325,13 +366,13 @@ _BLOCK_METHODS = (
      "(IA)^3: l_k, l_v, l_ff scale keys, values, FFN inner activations (55,296 at roberta-base)",
      "Liu et al. 2022 (T-Few)"),
 )  # fmt: skip
-for _name, _blocks, _recipe, _description, _source in _BLOCK_METHODS:
+for _name, _preset, _recipe, _description, _source in _BLOCK_METHODS:
     register(
         Method(
             _name,
             arch="roberta_blocks",
             options={"blocks_preset": _name, "save_trainable_only": True},
-            blocks=_blocks,
+            preset=_preset,
             recipe=_recipe,
             description=_description,
             source=_source,

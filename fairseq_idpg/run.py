@@ -39,9 +39,11 @@ clipping, weight decay, the dev split that selects checkpoint_best), with Adam (
 folder the updates are the recipe's epochs over the prepared train set; the stand-in keeps a smoke
 budget (300 updates; full fine-tuning at lr 5e-5).
 Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are checked first.
+
+The request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's flags as typed fields);
+``plan()`` resolves it into the configuration and commands, ``execute()`` trains and scores.
 """
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -55,15 +57,15 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+from fairseq_idpg.run_config import LMBFF_TASKS, REPO, RunConfig, RunError, canonical_task, method_list
+from fairseq_idpg_compat import flag_value
+
 SHARED = REPO.parent / "shared"
 SHARED_DATA = SHARED / "data"
 STANDIN_DIR = REPO / "models" / "minilm-l6-fairseq"
 
-LMBFF_TASKS = {"MR": "mr", "CR": "cr", "MPQA": "mpqa", "SUBJ": "subj"}
-GLUE_TASKS = ["SST-2", "QNLI", "RTE", "MRPC", "STS-B", "QQP", "MNLI", "CoLA"]
 STANDIN_UPDATES = 300  # the stand-in's smoke budget (a CPU can run it)
 STANDIN_FINETUNE_LR = 5e-5  # full fine-tuning of the 22M stand-in; roberta.* use fairseq's table
 MAX_POSITIONS = 512
@@ -72,18 +74,7 @@ SPLIT_NAMES = {"valid": "dev", "valid1": "second dev set (MNLI: dev-mismatched)"
 KNOWN_SIZES = {"roberta.large": "ROBERTA_LARGE", "roberta.base": "ROBERTA_BASE", "standin": "STANDIN"}
 
 
-class RunError(Exception):
-    """A bad request, reported as one line before anything runs."""
-
-
 # ---------------------------------------------------------------------------------------- where things are
-def canonical_task(name):
-    for t in GLUE_TASKS + list(LMBFF_TASKS):
-        if t.lower() == name.lower():
-            return t
-    raise RunError(f"unknown task {name!r}; valid: {', '.join(GLUE_TASKS + list(LMBFF_TASKS))}")
-
-
 def raw_dir(task, raw=None):
     if raw:
         path = Path(raw)
@@ -235,7 +226,7 @@ def format_duration(seconds):
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-class Progress:
+class TrainingEta:
     """Appends ``eta 3m10s`` to fairseq's log lines that report ``num_updates``: the updates left
     times the seconds per update seen since the first such line (before that: fairseq's wall
     clock over its updates)."""
@@ -325,9 +316,9 @@ def console_script(name):
     return str(beside) if beside.is_file() else name
 
 
-def call(cmd):
+def call(cmd, log=print):
     cmd = [str(c) for c in cmd]
-    print("+ " + shlex.join(cmd), flush=True)
+    log("+ " + shlex.join(cmd), flush=True)
     start = time.time()
     code = subprocess.call(cmd)
     if code:
@@ -337,74 +328,9 @@ def call(cmd):
 
 # ---------------------------------------------------------------------------------------- options
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="scripts/run.sh", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("task", help=", ".join(GLUE_TASKS + list(LMBFF_TASKS)))
-    p.add_argument("--method", default="finetune", help="a method of fairseq_idpg/methods.py (default finetune)")
-    p.add_argument(
-        "--model", default="standin", help="standin (default), roberta.base, roberta.large, or a folder with model.pt"
-    )
-    p.add_argument("--raw", help="the task's raw folder (default: $GLUE_DIR / $LMBFF_DIR / ../shared/data)")
-    p.add_argument("--bpe-dir", help="RoBERTa GPT-2 BPE files (default ../shared/roberta_bpe, else models/gpt2_bpe)")
-    p.add_argument("--few-shot", type=int, metavar="K", help="train on K sampled examples (prepare_data.py --few-shot)")
-    p.add_argument("--dev-from-train", type=int, metavar="N", help="hold out N train examples as the dev set")
-    p.add_argument("--data-seed", type=int, default=1, help="seed of --few-shot / --dev-from-train (default 1)")
-    g = p.add_argument_group("budget (default: the method's recipe)")
-    g.add_argument("--lr", type=float, help="learning rate")
-    g.add_argument("--max-update", type=int, help="updates (the stand-in: 300)")
-    g.add_argument("--epochs", type=float, help="or the budget in epochs of the prepared train set")
-    g.add_argument("--total-batch", type=int, help="effective batch per update")
-    g.add_argument("--seed", type=int, default=1, help="fairseq-train's seed (default 1)")
-    g = p.add_argument_group("devices (the effective batch stays --total-batch)")
-    g.add_argument("--nproc", type=int, default=1, help="devices / CPU workers (torchrun; default 1)")
-    g.add_argument("--batch-size", type=int, help="per-device batch (default: total / (nproc x update-freq))")
-    g.add_argument("--update-freq", type=int, help="batches accumulated per update (default: as --batch-size needs)")
-    g.add_argument("--max-tokens", type=int, help="also cap a per-device batch at N tokens (passed to fairseq)")
-    g.add_argument("--fp16", action="store_true", help="mixed precision (CUDA)")
-    g = p.add_argument_group("run")
-    g.add_argument("--work-dir", default=str(REPO), help="where data-bin/ and checkpoints/ go (default: the checkout)")
-    g.add_argument("--restart", action="store_true", help="remove this configuration's folder and train again")
-    g.add_argument("--dry-run", action="store_true", help="print the budget and the fairseq-train command; run nothing")
-    p.epilog = (
-        "Other flags go to fairseq-train as given (e.g. --validate-interval-updates 50); see fairseq_idpg/run.py."
-    )
-    return p.parse_known_args(argv)
-
-
-def check_values(args):
-    """Explicit values are used as given, so impossible ones are errors (never 'use the default')."""
-    positive = (
-        "lr",
-        "max_update",
-        "epochs",
-        "total_batch",
-        "nproc",
-        "batch_size",
-        "update_freq",
-        "max_tokens",
-        "few_shot",
-    )
-    for dest in positive + ("dev_from_train",):
-        value = getattr(args, dest)
-        if value is not None and value <= 0:
-            raise RunError(f"--{dest.replace('_', '-')} must be > 0, got {value}")
-    for dest in ("seed", "data_seed"):
-        if getattr(args, dest) < 0:
-            raise RunError(f"--{dest.replace('_', '-')} must be >= 0, got {getattr(args, dest)}")
-    if args.max_update is not None and args.epochs is not None:
-        raise RunError("--max-update and --epochs exclude each other (both set the budget)")
-    if args.few_shot is not None and args.dev_from_train is not None:
-        raise RunError("--few-shot and --dev-from-train exclude each other (few-shot samples its own dev set)")
-
-
-def flag_value(argv, flag):
-    """The last value given to ``flag`` in a fairseq-train command line, or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+    """run.sh's arguments as a RunConfig (``--help`` lists the methods)."""
+    epilog = "Other flags go to fairseq-train as given (e.g. --validate-interval-updates 50); see fairseq_idpg/run.py."
+    return RunConfig.from_argv(argv, description=__doc__.split("\n\n")[0], epilog=method_list() + "\n\n" + epilog)
 
 
 def format_lr(lr):
@@ -424,7 +350,7 @@ def config_hash(config):
 
 
 # ---------------------------------------------------------------------------------------- the job
-def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, data_seed=1, dry=False):
+def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, data_seed=1, dry=False, log=print):
     """Prepare ``data`` unless its task.json records the provenance that ``raw`` + ``bpe`` (prepare_data.py's
     BPE flags) and the sampling would give now; again, with the reasons printed, when it differs.
     Returns (TaskInfo or None in a dry run, the reasons to prepare, the provenance now, seconds or None)."""
@@ -460,12 +386,12 @@ def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, 
     prepare += ["--seed", data_seed] if sampled else []
     prepare += ["--overwrite"] if info is not None else []
     if dry:
-        print(f"data: {data} would be prepared ({'; '.join(reasons)}):")
-        print("+ " + shlex.join(str(c) for c in prepare))
+        log(f"data: {data} would be prepared ({'; '.join(reasons)}):")
+        log("+ " + shlex.join(str(c) for c in prepare))
         return info, reasons, wanted, None
     if info is not None:
-        print(f"data: preparing {data} again: {'; '.join(reasons)}", flush=True)
-    seconds = call(prepare)
+        log(f"data: preparing {data} again: {'; '.join(reasons)}", flush=True)
+    seconds = call(prepare, log)
     info = TaskInfo.read(data)
     if info is None:
         raise RunError(f"{data}: prepare_data.py wrote no task.json")
@@ -474,20 +400,33 @@ def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, extra = parse_args(argv)
+    request = parse_args(argv)
     try:
-        return job(args, extra, argv)
+        return job(request, argv)
     except RunError as e:
         print(f"run.sh: error: {e}", file=sys.stderr)
         return 130 if str(e).startswith("interrupted") else 2
 
 
+def job(request, argv):
+    p = plan(request, argv)
+    if request.dry_run:
+        if not p.complete:
+            print("  (<hash> is known once the model file and the prepared data exist)")
+        if request.restart and p.folder.exists():
+            print(f"--restart would remove {p.folder}")
+        print("+ " + shlex.join(p.train))
+        return 0
+    return execute(p)
+
+
+# ---------------------------------------------------------------------------------------- the plan
 @dataclasses.dataclass
 class Plan:
     """One run, decided but not started: its configuration, folder and commands."""
 
-    args: argparse.Namespace
-    argv: list
+    request: RunConfig
+    argv: list  # run.sh's command line, for the logs and the record
     task: str
     method: Any
     config: dict
@@ -506,315 +445,372 @@ class Plan:
         return self.complete and (self.folder / "results.json").is_file()
 
 
-def job(args, extra, argv):
-    p = plan(args, extra, argv)
-    if args.dry_run:
-        if not p.complete:
-            print("  (<hash> is known once the model file and the prepared data exist)")
-        if args.restart and p.folder.exists():
-            print(f"--restart would remove {p.folder}")
-        print("+ " + shlex.join(p.train))
-        return 0
-    return execute(p)
+class Backbone(NamedTuple):
+    dir: Path  # model.pt and dict.txt
+    name: str  # its folder under data-bin/ and checkpoints/
+    present: bool  # the files exist (a dry run of roberta.* plans without them)
+    dims: dict  # the encoder's fairseq-train flags
 
 
-def plan(args, extra, argv):
-    """Check the request, prepare the data if needed, and decide the run (printing what it will be)."""
-    check_values(args)  # before anything is imported or run
-    from fairseq_idpg.launch import layout
+class Data(NamedTuple):
+    folder: Path
+    info: Any  # its TaskInfo (None: not prepared, or a dry run's stale data)
+    provenance: Optional[dict]  # what it is made of: as recorded, or (a dry run) as it would be prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The optimisation of one run: the recipe's, explicit flags first."""
+
+    lr: float
+    batch: int  # effective, per update
+    batch_size: int  # per device
+    update_freq: int
+    train_examples: int
+    epochs: Optional[float]  # None: the updates were given (or the stand-in's smoke budget)
+    updates: int
+    warmup_updates: int
+    splits: list  # the prepared data's
+    select: str  # the dev split that picks checkpoint_best
+    metric: str
+    regression: bool
+    num_outputs: int
+
+    @property
+    def evals(self):
+        return [s for s in self.splits if re.fullmatch(r"valid\d*", s)]
+
+    @property
+    def valid_subset(self):
+        return [self.select] + [s for s in self.evals if s != self.select]
+
+
+def plan(request, argv=None, log=print):
+    """Check the request, prepare the data if needed, and decide the run (``log`` says what it will be)."""
+    request.validate()  # before anything is imported or run
     from fairseq_idpg.methods import METHODS
-    from fairseq_idpg.preprocessing import get_task
-    from fairseq_idpg.preprocessing.prepare import FEW_SHOT_DEV
 
-    if args.method not in METHODS:
-        raise RunError(f"unknown --method {args.method!r}; valid: {', '.join(sorted(METHODS))}")
-    method = METHODS[args.method]
-    task = canonical_task(args.task)
-    spec = get_task(task)
-    if args.few_shot is not None and args.few_shot > spec.sizes[0] - FEW_SHOT_DEV:
-        raise RunError(
-            f"--few-shot {args.few_shot}: {task}'s train file has {spec.sizes[0]:,} rows and the "
-            f"{FEW_SHOT_DEV:,}-example dev set is sampled from it too, so K can be at most "
-            f"{max(0, spec.sizes[0] - FEW_SHOT_DEV):,}"
-        )
-    recipe = method.recipe.for_task(task)
-    dry = args.dry_run
-    start = time.time()
-    timings = {}
+    method, task = METHODS[request.method], canonical_task(request.task)
+    recipe, start, timings = method.recipe.for_task(task), time.time(), {}
+    lr, batch, batch_size, update_freq = lr_and_batch(request, method, recipe)
+    backbone = find_backbone(request)
+    log(f"{task} | method {request.method} ({method.source}) | model {request.model} ({backbone.dir})", flush=True)
+    data, seconds = data_for(request, task, backbone, log)
+    if seconds is not None:
+        timings["prepare"] = round(seconds, 1)
+    budget = decide_budget(request, task, recipe, data, lr, batch, batch_size, update_freq)
+    config = configuration(request, task, method, recipe, backbone, data, budget)
+    complete = backbone.present and data.provenance is not None
+    run_name = f"lr{format_lr(lr)}.seed{request.seed}.{config_hash(config) if complete else '<hash>'}"
+    save = Path(request.work_dir) / "checkpoints" / backbone.name / task / request.method / run_name
+    train = train_command(request, method, recipe, backbone, data.folder, budget, save)
+    log(f"budget: {describe(budget, recipe, request.extra_args)}")
+    log(f"run folder: {save}", flush=True)
+    scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
+    argv = request.argv() if argv is None else argv
+    return Plan(request, argv, task, method, config, save, complete, train, data.folder, backbone.dir, scored,
+                batch_size, timings, start)  # fmt: skip
 
-    # --- lr and batch: explicit flags, else the recipe's (the stand-in fine-tunes at its own lr)
-    standin = args.model == "standin"
-    if args.lr is not None:
-        lr = args.lr
-    elif standin and not method.frozen_backbone:
+
+def quiet(*args, **kwargs):
+    """A ``log`` that says nothing (a sweep plans hundreds of runs)."""
+
+
+def lr_and_batch(request, method, recipe):
+    """(lr, effective batch, per-device batch, update freq): explicit flags, else the recipe's (the
+    stand-in fine-tunes at its own lr)."""
+    from fairseq_idpg.launch import layout
+
+    if request.lr is not None:
+        lr = request.lr
+    elif request.model == "standin" and not method.frozen_backbone:
         lr = STANDIN_FINETUNE_LR
     else:
         lr = recipe.lr
     if lr is None:
-        raise RunError(f"the {args.method} recipe has no lr for {task}; give --lr")
-    batch = args.total_batch if args.total_batch is not None else recipe.batch
+        raise RunError(f"the {request.method} recipe has no lr for {request.task}; give --lr")
+    batch = request.total_batch if request.total_batch is not None else recipe.batch
     if batch is None:
-        raise RunError(f"the {args.method} recipe has no batch for {task}; give --total-batch")
+        raise RunError(f"the {request.method} recipe has no batch for {request.task}; give --total-batch")
     try:
-        batch_size, update_freq = layout(batch, args.nproc, args.batch_size, args.update_freq)
+        return (lr, batch, *layout(batch, request.nproc, request.batch_size, request.update_freq))
     except ValueError as e:
         raise RunError(str(e)) from None
 
-    # --- the model
-    mdir, name = model_dir(args.model), model_name(args.model)
-    if args.model == "standin" and not (mdir / "model.pt").exists() and not dry:
+
+def find_backbone(request):
+    """The model's folder and encoder sizes (the stand-in is built when missing; a dry run of roberta.*
+    uses the known sizes)."""
+    mdir, dry = model_dir(request.model), request.dry_run
+    if request.model == "standin" and not (mdir / "model.pt").exists() and not dry:
         os.environ.setdefault("PYTHON", sys.executable)  # the script's Python: this one
         call(["bash", REPO / "scripts" / "build_standin.sh", mdir])
-    have_model = (mdir / "model.pt").is_file() and (mdir / "dict.txt").is_file()
-    if have_model:
+    present = (mdir / "model.pt").is_file() and (mdir / "dict.txt").is_file()
+    if present:
         dims = model_dims(mdir / "model.pt")
-    elif dry and args.model in KNOWN_SIZES:
-        dims = known_dims(args.model)
+    elif dry and request.model in KNOWN_SIZES:
+        dims = known_dims(request.model)
     else:
-        raise RunError(
-            f"--model {args.model}: {mdir}/model.pt and dict.txt not found "
-            f"(scripts/download.sh roberta large, or scripts/build_standin.sh for the stand-in)"
-        )
+        made_by = {
+            "standin": "scripts/build_standin.sh",
+            "roberta.base": "scripts/download.sh roberta base",
+            "roberta.large": "scripts/download.sh roberta large",
+        }  # any other folder: a conversion, or the export of IDPG's supplementary stage 1
+        hint = made_by.get(request.model, "scripts/convert_hf_to_fairseq.py or examples/idpg/supplementary.py make one")
+        raise RunError(f"--model {request.model}: {mdir}/model.pt and dict.txt not found ({hint})")
+    return Backbone(mdir, model_name(request.model), present, dims)
 
-    print(f"{task} | method {args.method} ({method.source}) | model {args.model} ({mdir})", flush=True)
 
-    # --- the data: prepared again when what it was made from differs from what would be used now
+def data_for(request, task, backbone, log=print):
+    """The prepared data (prepared again when what it was made from differs from what would be used
+    now) and the seconds preparing it took (None: not prepared now)."""
     try:
-        raw = raw_dir(task, args.raw)
+        raw = raw_dir(task, request.raw)
     except RunError:
-        if not dry:
+        if not request.dry_run:
             raise
         raw = None
-    bpe = bpe_args(mdir, args.bpe_dir, args.model)
-    data = data_folder(args.work_dir, name, task, args.few_shot, args.dev_from_train, args.data_seed)
-    sampling = {"few_shot": args.few_shot, "dev_from_train": args.dev_from_train, "data_seed": args.data_seed}
-    info, reasons, wanted, seconds = prepare_if_needed(task, raw, data, bpe, **sampling, dry=dry)
-    if seconds is not None:
-        timings["prepare"] = round(seconds, 1)
-
-    # --- the budget: the recipe, explicit flags first
-    if info is not None and dry and reasons:
+    bpe = bpe_args(backbone.dir, request.bpe_dir, request.model)
+    sampling = {"few_shot": request.few_shot, "dev_from_train": request.dev_from_train, "data_seed": request.data_seed}
+    folder = data_folder(request.work_dir, backbone.name, task, **sampling)
+    info, reasons, wanted, seconds = prepare_if_needed(task, raw, folder, bpe, **sampling, dry=request.dry_run, log=log)
+    if info is not None and request.dry_run and reasons:
         info = None  # a dry run's stale data: the budget is that of the data it would prepare
+    return Data(folder, info, info.provenance if info is not None else wanted), seconds
+
+
+def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_freq):
+    """The updates (explicit flags first, then the recipe's epochs over the train set; the stand-in's
+    smoke budget), the warmup, and the dev split that selects checkpoint_best."""
+    from fairseq_idpg.preprocessing import get_task
+
+    info, spec = data.info, get_task(task)
     if info is not None:
         train_examples, splits = info.splits["train"], list(info.splits)
     else:
-        sampled = args.few_shot is not None or args.dev_from_train is not None
-        train_examples = args.few_shot if args.few_shot is not None else spec.sizes[0] - (args.dev_from_train or 0)
+        sampled = request.few_shot is not None or request.dev_from_train is not None
+        train_examples = (
+            request.few_shot if request.few_shot is not None else spec.sizes[0] - (request.dev_from_train or 0)
+        )
         evals = ["valid"] if sampled else ["valid" + (str(i) if i else "") for i in range(len(spec.files) - 1)]
         splits = ["train", *evals]
     epochs = None
-    if args.max_update is not None:
-        updates = args.max_update
-    elif args.epochs is not None:
-        updates = dataclasses.replace(recipe, batch=batch, epochs=args.epochs, updates=None).num_updates(train_examples)
-        epochs = args.epochs
-    elif standin:
+    if request.max_update is not None:
+        updates = request.max_update
+    elif request.epochs is not None:
+        epochs = request.epochs
+        updates = dataclasses.replace(recipe, batch=batch, epochs=epochs, updates=None).num_updates(train_examples)
+    elif request.model == "standin":
         updates = STANDIN_UPDATES
     else:
-        budget = dataclasses.replace(recipe, batch=batch)
-        updates = budget.num_updates(train_examples)
+        updates = dataclasses.replace(recipe, batch=batch).num_updates(train_examples)
         epochs = None if recipe.updates is not None else recipe.epochs
     warmup = int(recipe.warmup * updates) if recipe.scheduler == "polynomial_decay" else 0
     evals = [s for s in splits if re.fullmatch(r"valid\d*", s)]
-    select = recipe.select_on if recipe.select_on in evals else "valid"
-    valid_subset = [select] + [s for s in evals if s != select]
-    metric = info.metric if info is not None else spec.metric
-    regression = info.regression if info is not None else spec.regression
-    num_outputs = info.num_outputs if info is not None else spec.num_classes
+    source = info if info is not None else spec
+    return Budget(
+        lr, batch, batch_size, update_freq, train_examples, epochs, updates, warmup, splits,
+        select=recipe.select_on if recipe.select_on in evals else "valid", metric=source.metric,
+        regression=source.regression, num_outputs=info.num_outputs if info is not None else spec.num_classes,
+    )  # fmt: skip
 
-    # --- the configuration and its folder
-    config = {
+
+def configuration(request, task, method, recipe, backbone, data, budget):
+    """config.json: everything that defines the run (``config_hash`` names its folder by it)."""
+    model_file = backbone.dir / "model.pt"
+    return {
         "task": task,
-        "method": {
-            "name": method.name,
-            "arch": method.arch,
-            "task": method.task,
-            "options": dict(method.options),
-            "frozen_backbone": method.frozen_backbone,
-        },
-        "model": {
-            "name": args.model,
-            "path": str((mdir / "model.pt").resolve()),
-            "sha256": sha256(mdir / "model.pt") if have_model else None,
-            "dict_sha256": sha256(mdir / "dict.txt") if have_model else None,
-        },
-        "data": {
-            "folder": str(data),
-            # what the data is made of: as recorded, or (a dry run) as it would be prepared
-            "provenance": info.provenance if info is not None else wanted,
-            "extra": dict(info.extra) if info is not None else {},  # e.g. a protocol's doubled train set
-            "train_examples": train_examples,
-        },
-        "seed": args.seed,
-        "lr": lr,
-        "batch": batch,
-        "epochs": epochs,
-        "updates": updates,
-        "scheduler": recipe.scheduler,
+        "method": {"name": method.name, "arch": method.arch, "task": method.task, "options": dict(method.options),
+                   "frozen_backbone": method.frozen_backbone},
+        "model": {"name": request.model, "path": str(model_file.resolve()),
+                  "sha256": sha256(model_file) if backbone.present else None,
+                  "dict_sha256": sha256(backbone.dir / "dict.txt") if backbone.present else None},
+        "data": {"folder": str(data.folder), "provenance": data.provenance,
+                 "extra": dict(data.info.extra) if data.info is not None else {},  # e.g. a doubled train set
+                 "train_examples": budget.train_examples},
+        "seed": request.seed, "lr": budget.lr, "batch": budget.batch, "epochs": budget.epochs,
+        "updates": budget.updates, "scheduler": recipe.scheduler,
         "warmup": recipe.warmup if recipe.scheduler == "polynomial_decay" else 0.0,
-        "warmup_updates": warmup,
-        "clip_norm": recipe.clip_norm,
-        "dropout": recipe.dropout,
-        "weight_decay": recipe.weight_decay,
-        "select_on": select,
-        "valid_subset": valid_subset,
-        "metric": metric,
-        "max_tokens": args.max_tokens,
-        "fp16": args.fp16,
-        "extra_args": list(extra),
-        "layout": {"nproc": args.nproc, "batch_size": batch_size, "update_freq": update_freq},
-    }
-    complete = have_model and config["data"]["provenance"] is not None
-    run_name = f"lr{format_lr(lr)}.seed{args.seed}.{config_hash(config) if complete else '<hash>'}"
-    save = Path(args.work_dir) / "checkpoints" / name / task / args.method / run_name
+        "warmup_updates": budget.warmup_updates, "clip_norm": recipe.clip_norm, "dropout": recipe.dropout,
+        "weight_decay": recipe.weight_decay, "select_on": budget.select, "valid_subset": budget.valid_subset,
+        "metric": budget.metric, "max_tokens": request.max_tokens, "fp16": request.fp16,
+        "extra_args": list(request.extra_args),
+        "layout": {"nproc": request.nproc, "batch_size": budget.batch_size, "update_freq": budget.update_freq},
+        **request.config_options(),  # options added since: hashed only when not at their default
+    }  # fmt: skip
 
-    # --- the fairseq-train command
-    if method.frozen_backbone:
-        init = ["--backbone", mdir / "model.pt"]
-    else:  # used on the first launch only: a resumed run continues from its checkpoint_last.pt
-        init = ["--finetune-from-model", mdir / "model.pt"]
-    if recipe.scheduler == "fixed":
-        schedule = ["--lr-scheduler", "fixed"]
-    else:
-        schedule = ["--lr-scheduler", "polynomial_decay", "--total-num-update", updates, "--warmup-updates", warmup]
-    intervals = []
-    if standin:  # smoke budgets: validate and save (resumably) 3 times, whatever the epochs' length
+
+def intervals(updates, extra, standin):
+    """fairseq-train's validation and save intervals: the stand-in's smoke budgets validate and save
+    (resumably) 3 times, whatever the epochs' length; mid-epoch saves keep only the latest."""
+    flags = []
+    if standin:
         every = flag_value(extra, "--validate-interval-updates") or max(1, updates // 3)
-        intervals += ["--validate-interval-updates", every]
+        flags += ["--validate-interval-updates", every]
         if flag_value(extra, "--save-interval-updates") is None:
-            intervals += ["--save-interval-updates", every]
+            flags += ["--save-interval-updates", every]
         # not also at each epoch's end: few-shot epochs of 32 updates would validate 10 times
         for flag in ("--validate-interval", "--save-interval"):
             if flag_value(extra, flag) is None:
-                intervals += [flag, 10**6]
-    saves_mid_epoch = "--save-interval-updates" in intervals or flag_value(extra, "--save-interval-updates")
+                flags += [flag, 10**6]
+    saves_mid_epoch = "--save-interval-updates" in flags or flag_value(extra, "--save-interval-updates")
     if saves_mid_epoch and flag_value(extra, "--keep-interval-updates") is None:
-        intervals += ["--keep-interval-updates", 1]  # checkpoint_<epoch>_<update>.pt: the latest only
+        flags += ["--keep-interval-updates", 1]  # checkpoint_<epoch>_<update>.pt: the latest only
+    return flags
+
+
+def train_command(request, method, recipe, backbone, data, budget, save):
+    """The launcher + fairseq-train command line (the flags given last: they win)."""
+    model_file, b, extra = backbone.dir / "model.pt", budget, list(request.extra_args)
+    # a frozen backbone is loaded at build time; a fine-tuned one is the first launch's start only (a
+    # resumed run continues from its checkpoint_last.pt)
+    init = ["--backbone" if method.frozen_backbone else "--finetune-from-model", model_file]
+    schedule = ["--lr-scheduler", "fixed"]
+    if recipe.scheduler != "fixed":
+        schedule = ["--lr-scheduler", "polynomial_decay", "--total-num-update", b.updates]
+        schedule += ["--warmup-updates", b.warmup_updates]
     # a command line reads best as flag-value pairs
     # fmt: off
-    train_args = [
+    train = [
         data, "--user-dir", REPO / "fairseq_idpg", *method.train_args(),
-        "--criterion", "sentence_prediction_metrics", "--num-classes", num_outputs,
+        "--criterion", "sentence_prediction_metrics", "--num-classes", b.num_outputs,
         "--init-token", 0, "--separator-token", 2,
-        *[x for kv in dims.items() for x in kv], *init,
+        *[x for kv in backbone.dims.items() for x in kv], *init,
         "--dropout", recipe.dropout, "--attention-dropout", recipe.dropout, "--weight-decay", recipe.weight_decay,
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", 1e-06, "--clip-norm", recipe.clip_norm,
-        *schedule, "--lr", lr, "--max-update", updates,
-        "--valid-subset", ",".join(valid_subset),
-        "--best-checkpoint-metric", metric, "--maximize-best-checkpoint-metric",
-        "--save-dir", save, "--no-epoch-checkpoints", *intervals, "--seed", args.seed,
-        "--log-format", "json", "--log-interval", max(1, min(100, updates // 30)), "--num-workers", 0,
+        *schedule, "--lr", b.lr, "--max-update", b.updates,
+        "--valid-subset", ",".join(b.valid_subset),
+        "--best-checkpoint-metric", b.metric, "--maximize-best-checkpoint-metric",
+        "--save-dir", save, "--no-epoch-checkpoints", *intervals(b.updates, extra, request.model == "standin"),
+        "--seed", request.seed,
+        "--log-format", "json", "--log-interval", max(1, min(100, b.updates // 30)), "--num-workers", 0,
     ]
     # fmt: on
-    if regression:
-        train_args.append("--regression-target")
-    if args.max_tokens is not None:
-        train_args += ["--max-tokens", args.max_tokens]
-    if args.fp16:
-        train_args.append("--fp16")
-    train_args = [str(x) for x in train_args] + list(extra)
-    launch = [sys.executable, "-m", "fairseq_idpg.launch", "--nproc", args.nproc, "--total-batch", batch]
-    launch += ["--batch-size", batch_size, "--"]
-    launch = [str(x) for x in launch] + train_args
+    train += ["--regression-target"] if b.regression else []
+    train += ["--max-tokens", request.max_tokens] if request.max_tokens is not None else []
+    train += ["--fp16"] if request.fp16 else []
+    train += ["--bf16"] if request.bf16 else []
+    launch = [sys.executable, "-m", "fairseq_idpg.launch", "--nproc", request.nproc, "--total-batch", b.batch]
+    launch += ["--batch-size", b.batch_size, "--"]
+    return [str(x) for x in launch + train] + extra
 
-    budget = (
-        f"batch {batch} ({batch_size} per device x {args.nproc} device(s) x update-freq {update_freq}), "
-        + (f"{epochs:g} epochs of {train_examples:,} examples = " if epochs is not None else "")
-        + f"{updates:,} updates, lr {lr:g} ({recipe.scheduler}"
-        + (f", warmup {recipe.warmup:.0%} = {warmup:,} updates" if recipe.scheduler == "polynomial_decay" else "")
-        + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, dropout {recipe.dropout:g}, "
-        + f"selection on {select} ({SPLIT_NAMES.get(select, select)}) by {metric}"
-    )
+
+def describe(budget, recipe, extra=()):
+    """The budget line: batch and its layout, epochs and updates, lr and schedule, selection."""
+    b, decay = budget, recipe.scheduler == "polynomial_decay"
     overridden = [f for f in ("--clip-norm", "--lr-scheduler", "--warmup-updates", "--weight-decay") if f in extra]
-    print(f"budget: {budget}" + (f" (flags given override {', '.join(overridden)})" if overridden else ""))
-    print(f"run folder: {save}", flush=True)
-    scored = evals + [s for s in splits if re.fullmatch(r"test\d*", s)]
-    return Plan(
-        args, argv, task, method, config, save, complete, launch, data, mdir, scored, batch_size, timings, start
+    return (
+        f"batch {b.batch} ({b.batch_size} per device x {b.batch // b.batch_size // b.update_freq} device(s) x "
+        f"update-freq {b.update_freq}), "
+        + (f"{b.epochs:g} epochs of {b.train_examples:,} examples = " if b.epochs is not None else "")
+        + f"{b.updates:,} updates, lr {b.lr:g} ({recipe.scheduler}"
+        + (f", warmup {recipe.warmup:.0%} = {b.warmup_updates:,} updates" if decay else "")
+        + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, dropout {recipe.dropout:g}, "
+        + f"selection on {b.select} ({SPLIT_NAMES.get(b.select, b.select)}) by {b.metric}"
+        + (f" (flags given override {', '.join(overridden)})" if overridden else "")
     )
 
 
 def execute(p):
     """Train (or resume) and score the planned run; results.json marks it finished."""
-    args, argv, save, config, task, method = p.args, p.argv, p.folder, p.config, p.task, p.method
-    updates, batch, lr = config["updates"], config["batch"], config["lr"]
-    metric, select = config["metric"], config["select_on"]
-    timings, data, mdir, batch_size, start = p.timings, p.data, p.model_dir, p.batch_size, p.start
-    from fairseq_idpg.logs import validate_scores
-
-    # --- this configuration's state: finished, interrupted, or new
-    results_file, last = save / "results.json", save / "checkpoint_last.pt"
-    if args.restart and save.exists():
+    save = p.folder
+    if p.request.restart and save.exists():
         print(f"--restart: removing {save}", flush=True)
         shutil.rmtree(save)
-    if results_file.is_file():
-        done = json.loads(results_file.read_text())
+    if (save / "results.json").is_file():
+        done = json.loads((save / "results.json").read_text())
         print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
-        print(f"  (results {results_file}; --restart trains it again)")
+        print(f"  (results {save / 'results.json'}; --restart trains it again)")
         show_scores(done["results"], done["metric"])
         return 0
-    trained = False
-    if last.is_file():
-        done_updates, resume = checkpoint_updates(last)
-        if done_updates >= updates:
-            print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
-            trained = True
-        else:
-            print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
-        before = (
-            json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
-        )
-        if before and before != config["layout"]:
-            print(f"note: device layout {before} -> {config['layout']}; the same effective batch, other batch shards")
+    trained = trained_before(p)
     save.mkdir(parents=True, exist_ok=True)
-    (save / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
     if not trained:
-        with open(save / "train.log", "a", encoding="utf-8") as f:
-            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(argv)}\n")
-        timings["train"], _ = tee(p.train, save / "train.log", progress=Progress(updates))
-        timings["train"] = round(timings["train"], 1)
-        # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
-        for interval in save.glob("checkpoint_*_*.pt"):
-            if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
-                interval.unlink()
+        train(p)
+    results = score(p)
+    write_record(p, results)
+    return 0
 
+
+def trained_before(p):
+    """Whether an interrupted run of this configuration had finished training (else it resumes)."""
+    save, updates = p.folder, p.config["updates"]
+    if not (save / "checkpoint_last.pt").is_file():
+        return False
+    done_updates, resume = checkpoint_updates(save / "checkpoint_last.pt")
+    if done_updates >= updates:
+        print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
+    else:
+        print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
+    before = json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
+    if before and before != p.config["layout"]:
+        print(f"note: device layout {before} -> {p.config['layout']}; the same effective batch, other batch shards")
+    return done_updates >= updates
+
+
+def train(p):
+    """fairseq-train, its output in train.log and on the terminal with the time left."""
+    save = p.folder
+    with open(save / "train.log", "a", encoding="utf-8") as f:
+        f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(p.argv)}\n")
+    seconds, _ = tee(p.train, save / "train.log", progress=TrainingEta(p.config["updates"]))
+    p.timings["train"] = round(seconds, 1)
+    # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
+    for interval in save.glob("checkpoint_*_*.pt"):
+        if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
+            interval.unlink()
+
+
+def score(p):
+    """fairseq-validate's scores of checkpoint_best.pt on every dev (and test) split: {split: {metric: value}}."""
+    from fairseq_idpg.logs import validate_scores
+
+    save, select = p.folder, p.config["select_on"]
     # fairseq-validate of this interpreter's environment; the backbone where it is now (the
     # checkpoint names the path it was trained with, which may have moved since)
     validate = [
-        console_script("fairseq-validate"), data, "--user-dir", REPO / "fairseq_idpg",
+        console_script("fairseq-validate"), p.data, "--user-dir", REPO / "fairseq_idpg",
         "--path", save / "checkpoint_best.pt",
-        "--valid-subset", ",".join(p.evals), "--batch-size", batch_size, "--num-workers", 0,
+        "--valid-subset", ",".join(p.evals), "--batch-size", p.batch_size, "--num-workers", 0,
         "--log-format", "json", "--log-interval", 10**9,  # one json line per subset, in order
     ]  # fmt: skip
-    if method.frozen_backbone:
-        validate += ["--model-overrides", repr({"backbone": str(mdir / "model.pt")})]
-    if args.max_tokens is not None:
-        validate += ["--max-tokens", args.max_tokens]
+    if p.method.frozen_backbone:
+        validate += ["--model-overrides", repr({"backbone": str(p.model_dir / "model.pt")})]
+    if p.request.max_tokens is not None:
+        validate += ["--max-tokens", p.request.max_tokens]
     if not _cuda():
         validate.append("--cpu")
     seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True)
-    timings["validate"] = round(seconds, 1)
+    p.timings["validate"] = round(seconds, 1)
     try:
         results = validate_scores(out, p.evals)
     except ValueError as e:
         raise RunError(f"{e} (see {save / 'validate.log'})") from None
     if select not in results:
         raise RunError(f"fairseq-validate printed no score for {select} (see {save / 'validate.log'})")
+    return results
 
-    print(f"\n== {task} | model {args.model} | method {args.method} | {updates} updates, batch {batch}, lr {lr:g}")
+
+def write_record(p, results):
+    """Print the scores and write results.json: the scores, the configuration, the commit, the timings."""
+    request, config, save, timings = p.request, p.config, p.folder, p.timings
+    updates, batch, lr, metric = config["updates"], config["batch"], config["lr"], config["metric"]
+    print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
+          f"lr {lr:g}")  # fmt: skip
     show_scores(results, metric)
-    timings["total"] = round(time.time() - start, 1)
+    timings["total"] = round(time.time() - p.start, 1)
     print("times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     print(f"run folder: {save}")
     record = {
-        "task": task,
-        "model": args.model,
-        "method": args.method,
+        "task": p.task,
+        "model": request.model,
+        "method": request.method,
         "metric": metric,
-        "select_on": select,
-        "score": results[select].get(metric),
+        "select_on": config["select_on"],
+        "score": results[config["select_on"]].get(metric),
         "results": results,
-        "seed": args.seed,
+        "seed": request.seed,
         "lr": lr,
         "updates": updates,
         "total_batch": batch,
@@ -825,10 +821,9 @@ def execute(p):
         # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
         "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": shlex.join(["scripts/run.sh", *argv]),
+        "command": shlex.join(["scripts/run.sh", *p.argv]),
     }
-    results_file.write_text(json.dumps(record, indent=1) + "\n")
-    return 0
+    (save / "results.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _cuda():

@@ -52,14 +52,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stdout
-from dataclasses import dataclass, field
-from io import StringIO
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-from fairseq_idpg import run as main_job
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.results.records import few_shot_budget
+from fairseq_idpg.run import REPO, format_duration, format_lr, plan, quiet
+from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
 SPEC_KEYS |= {"max_update", "args"}
@@ -67,26 +67,24 @@ VARIANT_KEYS = {"label", "method", "args", "lrs", "seeds", "tasks", "max_update"
 BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
 
 
-class SweepError(Exception):
+class SweepError(ConfigError):
     """A bad specification or request, reported as one line before anything runs."""
 
 
 # ---------------------------------------------------------------------------------------- the specification
 @dataclass(frozen=True)
 class Run:
-    """One cell entry: a method (under its table label) on a task at one lr, seed and data budget."""
+    """One cell entry: a run's request (a method on a task at one lr, seed and data budget) under its
+    table label. ``run.task``, ``run.lr``, ... are the request's fields."""
 
-    task: str
+    config: RunConfig  # lr None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
     label: str
-    method: str
-    lr: Optional[float]  # None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
-    seed: int
-    few_shot: Optional[int] = None
-    dev_from_train: Optional[int] = None
-    data_seed: int = 1
-    max_update: Optional[int] = None
-    args: Tuple[str, ...] = ()
     table_budget: Optional[str] = None  # a per-task K's common name in tables, "K=1000 (CR: 775)"
+
+    def __getattr__(self, name):
+        if name == "config":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.config, name)
 
     @property
     def budget(self):
@@ -99,23 +97,20 @@ class Run:
 
     @property
     def name(self):
-        lr = f"lr{main_job.format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
+        lr = f"lr{format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
         if self.few_shot is not None:
             data = f"K={self.few_shot}.data{self.data_seed}."
         else:
             data = f"dev{self.dev_from_train}.data{self.data_seed}." if self.dev_from_train is not None else ""
         return f"{self.task}.{self.label}.{data}{lr}.seed{self.seed}"
 
+    def request(self, model, work_dir, dry_run=False):
+        """The run's request on ``model`` in ``work_dir``."""
+        return replace(self.config, model=model, work_dir=str(work_dir), dry_run=dry_run)
+
     def argv(self, model, work_dir):
         """run.py's command line."""
-        argv = [self.task, "--method", self.method, "--model", model, "--seed", str(self.seed)]
-        argv += ["--lr", repr(self.lr)] if self.lr is not None else []
-        if self.few_shot is not None:
-            argv += ["--few-shot", str(self.few_shot), "--data-seed", str(self.data_seed)]
-        if self.dev_from_train is not None:
-            argv += ["--dev-from-train", str(self.dev_from_train), "--data-seed", str(self.data_seed)]
-        argv += ["--max-update", str(self.max_update)] if self.max_update is not None else []
-        return argv + ["--work-dir", str(work_dir), *self.args]
+        return self.request(model, work_dir).argv()
 
 
 @dataclass
@@ -156,8 +151,8 @@ def _unknown(mapping, valid, where):
 
 def _task(name, where):
     try:
-        return main_job.canonical_task(str(name))
-    except main_job.RunError as e:
+        return canonical_task(str(name))
+    except RunError as e:
         raise SweepError(f"{where}: {e}") from None
 
 
@@ -201,11 +196,43 @@ def _lrs(value, method, task, where):
 def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update=None):
     """The specification at ``path`` as its list of runs (``tasks``, ``methods``, ``seeds`` narrow it;
     ``model`` and ``max_update`` override it). SweepError names the key and what is valid."""
+    path = Path(path)
+    data = _read_spec(path)
+    spec = Spec(str(data["name"]), path, str(data.get("description", "")), model or data.get("model", "standin"))
+    spec.published = data.get("published")
+    all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
+    budgets = _budgets(data.get("budget", "full"), all_tasks, path)
+    base_args = [str(a) for a in _list(data.get("args", []), f"{path}: args", object)] if data.get("args") else []
+    labels = set()
+    for entry in _list(data["methods"], f"{path}: methods", object):
+        variant = _variant(entry, labels, path)
+        where = f"{path}: {variant['label']}"
+        run_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)] if "tasks" in variant else all_tasks
+        updates = variant.get("max_update", data.get("max_update"))
+        if updates is not None:
+            _list(updates, f"{where}: max_update", int)
+        common = {
+            "seeds": [s for s in _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
+                      if not seeds or s in seeds],
+            "lrs": variant.get("lrs", data.get("lrs")),
+            "max_update": max_update if max_update is not None else updates,
+            "args": base_args + [str(a) for a in variant.get("args", [])],
+        }  # fmt: skip
+        if methods and variant["label"] not in methods and variant["method"] not in methods:
+            continue
+        for task in run_tasks:
+            if tasks and task not in tasks:
+                continue
+            spec.runs += _runs(spec.model, task, variant, budgets(task, where), where, **common)
+    if not spec.runs:
+        raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
+    return spec
+
+
+def _read_spec(path):
+    """The YAML mapping, its keys checked."""
     import yaml
 
-    from fairseq_idpg.methods import METHODS
-
-    path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such specification file")
     try:
@@ -218,87 +245,81 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
     for key in ("name", "tasks", "methods"):
         if not data.get(key):
             raise SweepError(f"{path}: {key!r} is missing")
-    spec = Spec(str(data["name"]), path, str(data.get("description", "")), model or data.get("model", "standin"))
-    spec.published = data.get("published")
-    all_tasks = [_task(t, f"{path}: tasks") for t in _list(data["tasks"], path, str)]
-    budget = data.get("budget", "full")
-    few_shot = None  # task -> [(K, the table's name of that budget)]
+    return data
+
+
+def _budgets(budget, tasks, path):
+    """``budgets(task, where)``: a task's data budgets, [{few_shot, dev_from_train, data_seed ("seed": the
+    run's), name}]."""
     if budget == "full":
-        budgets = [{}]
-    elif isinstance(budget, dict):
-        _unknown(budget, BUDGET_KEYS, f"{path}: budget")
-        if "few_shot" in budget and "dev_from_train" in budget:
-            raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
-        data_seed = budget.get("data_seed", "seed")
-        if data_seed != "seed":
-            _list(data_seed, f"{path}: budget.data_seed", int)
-        if "few_shot" in budget:
-            few_shot = _few_shot(budget["few_shot"], all_tasks, f"{path}: budget.few_shot")
-        elif "dev_from_train" in budget:
-            budgets = [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
-        else:
-            raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
-    else:
+        return lambda task, where: [{}]
+    if not isinstance(budget, dict):
         raise SweepError(f"{path}: budget {budget!r}; valid: full, or a mapping with few_shot or dev_from_train")
-    base_args = [str(a) for a in _list(data.get("args", []), f"{path}: args", object)] if data.get("args") else []
-    labels = set()
-    for entry in _list(data["methods"], f"{path}: methods", object):
-        variant = {"method": entry} if isinstance(entry, str) else entry
-        if not isinstance(variant, dict):
-            raise SweepError(f"{path}: methods: {entry!r} is neither a method name nor a mapping")
-        _unknown(variant, VARIANT_KEYS, f"{path}: methods: {variant.get('label', variant.get('method'))}")
-        name = variant.get("method")
-        if name not in METHODS:
-            raise SweepError(f"{path}: methods: unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
-        label = str(variant.get("label", name))
-        if label in labels:
-            raise SweepError(f"{path}: methods: the label {label!r} is used twice (give variants their own label)")
-        labels.add(label)
-        where = f"{path}: {label}"
-        var_tasks = all_tasks
-        if "tasks" in variant:
-            var_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)]
-        run_seeds = _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
-        updates = variant.get("max_update", data.get("max_update"))
-        if updates is not None:
-            _list(updates, f"{where}: max_update", int)
-        if max_update is not None:
-            updates = max_update
-        args = tuple(base_args + [str(a) for a in variant.get("args", [])])
-        for task in var_tasks:
-            if tasks and task not in tasks:
-                continue
-            if methods and label not in methods and name not in methods:
-                continue
-            if few_shot is not None:
-                budgets = [{"few_shot": k, "data_seed": data_seed, "name": name} for k, name in few_shot[task]]
-            for b in budgets:
-                for lr in _lrs(variant.get("lrs", data.get("lrs")), METHODS[name], task, f"{where}: lrs"):
-                    for seed in run_seeds:
-                        if seeds and seed not in seeds:
-                            continue
-                        sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
-                        run = Run(task, label, name, lr, seed, b.get("few_shot"), b.get("dev_from_train"),
-                                  sample_seed, updates, args, b.get("name"))  # fmt: skip
-                        spec.runs.append(run)
-    if not spec.runs:
-        raise SweepError(f"{path}: no run left (check --tasks / --methods / --seeds)")
-    return spec
+    _unknown(budget, BUDGET_KEYS, f"{path}: budget")
+    if "few_shot" in budget and "dev_from_train" in budget:
+        raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
+    data_seed = budget.get("data_seed", "seed")
+    if data_seed != "seed":
+        _list(data_seed, f"{path}: budget.data_seed", int)
+    if "few_shot" in budget:
+        few_shot = _few_shot(budget["few_shot"], tasks, f"{path}: budget.few_shot")
+
+        def per_task(task, where):
+            if task not in few_shot:  # a variant's own task
+                raise SweepError(f"{where}: budget.few_shot names no K for {task} (add it to the spec's tasks)")
+            return [{"few_shot": k, "data_seed": data_seed, "name": name} for k, name in few_shot[task]]
+
+        return per_task
+    if "dev_from_train" in budget:
+        return lambda task, where: [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
+    raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
+
+
+def _variant(entry, labels, path):
+    """A ``methods`` entry as a mapping with its method checked and its label (unique) set."""
+    from fairseq_idpg.methods import METHODS
+
+    variant = {"method": entry} if isinstance(entry, str) else entry
+    if not isinstance(variant, dict):
+        raise SweepError(f"{path}: methods: {entry!r} is neither a method name nor a mapping")
+    _unknown(variant, VARIANT_KEYS, f"{path}: methods: {variant.get('label', variant.get('method'))}")
+    name = variant.get("method")
+    if name not in METHODS:
+        raise SweepError(f"{path}: methods: unknown method {name!r}; valid: {', '.join(sorted(METHODS))}")
+    label = str(variant.get("label", name))
+    if label in labels:
+        raise SweepError(f"{path}: methods: the label {label!r} is used twice (give variants their own label)")
+    labels.add(label)
+    return {**variant, "label": label}
+
+
+def _runs(model, task, variant, budgets, where, seeds, lrs, max_update, args):
+    """One variant's runs on one task: every budget x lr x seed."""
+    from fairseq_idpg.methods import METHODS
+
+    runs, name = [], variant["method"]
+    for b in budgets:
+        for lr in _lrs(lrs, METHODS[name], task, f"{where}: lrs"):
+            for seed in seeds:
+                sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
+                request = RunConfig(task, name, model, seed, lr=lr, few_shot=b.get("few_shot"),
+                                    dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
+                                    max_update=max_update)  # fmt: skip
+                try:
+                    request = request.with_flags(args)
+                except RunError as e:
+                    raise SweepError(f"{where}: args: {e}") from None
+                runs.append(Run(request, variant["label"], b.get("name")))
+    return runs
 
 
 # ---------------------------------------------------------------------------------------- planning
 def plan_run(run, model, work_dir, dry):
-    """run.py's plan of one run (its folder, configuration and commands), its output kept quiet."""
-    argv = run.argv(model, work_dir) + (["--dry-run"] if dry else [])
-    args, extra = main_job.parse_args(argv)
-    out = StringIO()
+    """run.py's plan of one run (its folder, configuration and commands), saying nothing."""
     try:
-        with redirect_stdout(out):
-            return main_job.plan(args, extra, argv)
-    except main_job.RunError as e:
+        return plan(run.request(model, work_dir, dry), log=quiet)
+    except RunError as e:
         raise SweepError(f"{run.name}: {e}") from None
-    except SystemExit:
-        raise SweepError(f"{run.name}: {out.getvalue().strip().splitlines()[-1:]}") from None
 
 
 def describe(run, p):
@@ -369,7 +390,7 @@ def tail(path, lines=20):
 
 
 # ---------------------------------------------------------------------------------------- progress
-class Progress:
+class SweepProgress:
     """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change."""
 
     def __init__(self, name, total, cached, slots, clock=time.monotonic):
@@ -382,7 +403,7 @@ class Progress:
         eta = "?"
         if self.durations:
             per_run = sum(self.durations) / len(self.durations)
-            eta = main_job.format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
+            eta = format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
         return (
             f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached), {self.running} running, "
             f"{self.failed} failed, {left} left, eta {eta}"
@@ -442,7 +463,7 @@ class LocalExecutor:
                 f.flush()
                 env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
                 start = time.time()
-                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=main_job.REPO)
+                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
                 with self.lock:
                     self.procs.add(proc)
                 code = proc.wait()
@@ -482,7 +503,7 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         if code == 0 and p.finished:
             failures.set(run.name, None)
             record(run, p, records)
-            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({main_job.format_duration(seconds)})")
+            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({format_duration(seconds)})")
         elif not executor.stopping:
             failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
             progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
@@ -558,7 +579,7 @@ def submit(pending, opts, sweep_dir, cluster="slurm"):
         for run, _ in pending
     ]
     with executor.batch():
-        jobs = [executor.submit(execute_run, argv, log, str(main_job.REPO)) for argv, log in calls]
+        jobs = [executor.submit(execute_run, argv, log, str(REPO)) for argv, log in calls]
     submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs)}
     path = Path(sweep_dir) / "slurm" / "submitted.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -593,9 +614,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="scripts/sweep.sh", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("spec", help="a sweep specification (YAML), e.g. examples/idpg/table1.yaml")
     p.add_argument("--model", help="override the specification's model")
-    p.add_argument(
-        "--work-dir", default=str(main_job.REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)"
-    )
+    p.add_argument("--work-dir", default=str(REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)")
     p.add_argument("--records", help="where finished runs' records go (default WORK/sweeps/<name>/records)")
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan (every run, its budget, the count); run nothing"
@@ -680,7 +699,7 @@ def sweep(opts):
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
     failures = Failures(sweep_dir / "failures.json")
-    progress = Progress(spec.name, len(plans), len(finished), 1)
+    progress = SweepProgress(spec.name, len(plans), len(finished), 1)
     print(progress.line(), flush=True)
     if pending:
         if opts.executor == "local":

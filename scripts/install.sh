@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install fairseq-idpg and its dependencies into the current Python (3.8+; made for 3.11).
+# Install fairseq-idpg and its dependencies into the current Python (3.11 or 3.12).
 #   bash scripts/install.sh            # project, fairseq 0.12.2, test tools, offline stand-in
 # Idempotent: what is already installed at the right version is kept.
 set -euo pipefail

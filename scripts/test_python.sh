@@ -7,10 +7,11 @@
 #   scripts/test_python.sh python3.12 -m slow  extra arguments go to pytest (instead of -m "not slow")
 set -euo pipefail
 cd "$(dirname "$0")/.."
+NAME=${1:-python3.12}
 BASE=${1:-$(command -v python3.12 || ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null | tail -n 1)}
 shift || true
 if [ -z "$BASE" ] || ! "$BASE" -c 'import sys' 2>/dev/null; then
-    echo "test_python.sh: error: no such interpreter: ${1:-python3.12} (give a path to a Python 3.x)" >&2
+    echo "test_python.sh: error: no such interpreter: $NAME (give a path to a Python 3.11 or 3.12)" >&2
     exit 2
 fi
 VERSION=$("$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])')

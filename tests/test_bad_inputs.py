@@ -310,3 +310,20 @@ def test_other_exceptions_keep_their_traceback():
     with pytest.raises(ValueError) as raised, option_checks():
         torch.nn.Dropout(p=2.0)  # torch's own check
     assert not isinstance(raised.value, ConfigError)
+
+
+def test_every_entry_points_error_is_a_config_error():
+    """One hierarchy: a caller catches any user's mistake as ConfigError (errors.py lists them)."""
+    from fairseq_idpg.conversion.errors import ConversionError, VerificationError
+    from fairseq_idpg.errors import ConfigError
+    from fairseq_idpg.preprocessing import PrepareError
+    from fairseq_idpg.results.published import PublishedError
+    from fairseq_idpg.results.records import RecordsError
+    from fairseq_idpg.run import RunError
+    from fairseq_idpg.sweep import SweepError
+
+    mistakes = (PrepareError, RunError, SweepError, RecordsError, PublishedError, ConversionError)
+    assert all(issubclass(kind, ConfigError) for kind in mistakes)
+    assert not issubclass(VerificationError, ConfigError)  # a converter's bug, not the input's
+    errors_doc = (REPO / "fairseq_idpg" / "errors.py").read_text()
+    assert all(f"``{kind.__name__}``" in errors_doc for kind in mistakes)

@@ -38,8 +38,8 @@ ATOL = 1e-5
 
 
 def method_blocks(name):
-    """The blocks that the settings of method ``name`` (its record's ``blocks``) turn on."""
-    settings = METHODS[name].blocks
+    """The blocks that the settings of method ``name`` (its record's ``preset``) turn on."""
+    settings = METHODS[name].preset
     return {
         block: cls
         for block, cls in BLOCKS.items()

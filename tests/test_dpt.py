@@ -15,9 +15,13 @@ from conftest import build_tiny
 from fairseq.logging import metrics
 
 from fairseq_idpg.data.task_info import TaskInfo
-from fairseq_idpg.models.roberta_prompt import PRESETS, RANK_LOG_KEY
+from fairseq_idpg.methods import METHODS, Method
+from fairseq_idpg.models.roberta_prompt import RANK_LOG_KEY, presets
 from fairseq_idpg.modules.prompts.soft_prompts import (
+    PROMPT_MATRICES,
+    FullPrompt,
     LowRankPrompt,
+    PromptMatrix,
     RankProbePrompt,
     ResidualPrompt,
     init_prompt_,
@@ -26,6 +30,8 @@ from fairseq_idpg.modules.prompts.soft_prompts import (
 REPO = Path(__file__).resolve().parents[1]
 DIM, LAYERS = 32, 2
 ARCH = "roberta_prompt"
+PRESETS = presets()  # every --prompt-preset: the roberta_prompt method records, then the export's
+FACTORED = [name for name, p in PRESETS.items() if p["prompt_matrix"] != "full"]  # what the export turns into P
 
 
 def load_script(name):
@@ -124,15 +130,16 @@ FORMULAS = {  # trainable count without the head (l, b, r, m, d, L): DPT section
 
 
 def test_every_preset_has_a_formula_and_its_length_in_its_name():
-    assert set(FORMULAS) == set(PRESETS)
+    assert set(FORMULAS) == set(PRESETS), "every roberta_prompt method (fairseq_idpg/methods.py) has a formula here"
     assert all(name.endswith(str(p["prompt_length"])) for name, p in PRESETS.items() if "tuning" in name)
 
 
-@pytest.mark.parametrize("preset", list(FORMULAS))
+@pytest.mark.parametrize("preset", list(PRESETS))
 def test_only_prompt_and_head_train_and_counts_follow_the_formula(tiny, preset):
     l, b, m = 6, 2, 8
     options = dict(prompt_length=l, dpt_bottleneck=b, residual_prompt_bottleneck=m)
     model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()
+    assert preset in FORMULAS, f"{preset}: add its count formula to FORMULAS"
     assert model.num_trainable_parameters() == FORMULAS[preset](l, b, min(l, DIM), m, DIM, LAYERS)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("prompt.", "classification_heads.head.")) for n in trainable)
@@ -218,9 +225,10 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
         ),
         ({"prompt_position": 5}, r"--prompt-position must be one of 0-4, got 5"),
         ({"prompt_init": "xavier"}, r"--prompt-init must be one of uniform, normal, vocab, zero, got 'xavier'"),
-        (
+        pytest.param(
             {"prompt_matrix": "sparse"},
-            r"--prompt-matrix must be one of full, low-rank, rank-probe, residual, got 'sparse'",
+            rf"--prompt-matrix must be one of {', '.join(PROMPT_MATRICES)}, got 'sparse'",  # the built-ins first
+            id="unknown-matrix",
         ),
         (
             {"prompt_preset": "p-tuning"},
@@ -231,6 +239,31 @@ SINGLE_SENTENCES = TaskInfo(task="SST-2", num_classes=2, regression=False, pair=
 def test_bad_settings_fail_at_build_time(tiny, flags, message):
     with pytest.raises(ValueError, match=message):
         build_tiny(tiny, ARCH, **flags)
+
+
+def test_the_built_in_matrices_come_first():
+    assert list(PROMPT_MATRICES)[:4] == ["full", "low-rank", "rank-probe", "residual"]
+    assert [name for name, matrix in PROMPT_MATRICES.items() if matrix.deep][:2] == ["full", "low-rank"]
+
+
+def test_a_matrix_registered_after_import_is_a_choice_of_the_parser_and_the_build(tiny, tmp_path, monkeypatch):
+    """docs/architecture.md's worked example: the registry is read when used, not copied at import."""
+    twice = PromptMatrix(lambda a, dim, stack: FullPrompt(2 * a.prompt_length, dim, stack=stack), deep=True)
+    monkeypatch.setitem(PROMPT_MATRICES, "twice", twice)
+    args = parse_train_args(tmp_path, "--arch", "roberta_prompt", "--prompt-matrix", "twice", "--prompt-deep")
+    assert (args.prompt_matrix, args.prompt_deep) == ("twice", True)
+    model = build_tiny(tiny, ARCH, prompt_matrix="twice", prompt_length=3, prompt_deep=True)
+    assert model.prompt().shape == (LAYERS, 6, DIM)
+
+
+def test_a_record_registered_after_import_is_a_preset_of_the_parser_and_the_build(tiny, tmp_path, monkeypatch):
+    """A method has one name: its record's ``preset`` is what ``--prompt-preset NAME`` sets."""
+    preset = dict(prompt_matrix="low-rank", prompt_length=8, prompt_deep=False)
+    record = Method("dpt-8", arch=ARCH, options={"prompt_preset": "dpt-8"}, preset=preset)
+    monkeypatch.setitem(METHODS, record.name, record)
+    args = parse_train_args(tmp_path, "--arch", ARCH, "--prompt-preset", "dpt-8")
+    assert (args.prompt_matrix, args.prompt_length, args.prompt_deep) == ("low-rank", 8, False)
+    assert build_tiny(tiny, record, dpt_bottleneck=2).num_inserted_tokens == 8
 
 
 def test_pair_positions_need_a_pair_task(tiny):
@@ -251,21 +284,17 @@ def test_inputs_longer_than_max_positions_minus_the_prompt_are_refused(tiny):
         model(tokens(), return_all_hiddens=True)
 
 
-def test_flags_and_presets_through_fairseq_parser(tmp_path):
+def parse_train_args(data, *flags):
+    """fairseq-train's parse of ``flags`` (with the user dir and a two-class task on ``data``)."""
     from fairseq import options
 
+    argv = [str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--task", "peft_sentence_prediction"]
+    return options.parse_args_and_arch(options.get_training_parser(), [*argv, "--num-classes", "2", *flags])
+
+
+def test_flags_and_presets_through_fairseq_parser(tmp_path):
     def parse(*flags):
-        argv = [
-            str(tmp_path),
-            "--user-dir",
-            str(REPO / "fairseq_idpg"),
-            "--task",
-            "peft_sentence_prediction",
-            "--num-classes",
-            "2",
-            *flags,
-        ]
-        return options.parse_args_and_arch(options.get_training_parser(), argv)
+        return parse_train_args(tmp_path, *flags)
 
     args = parse("--arch", "roberta_prompt_large", "--prompt-preset", "deep-dpt", "--dpt-bottleneck", "4")
     assert (args.prompt_matrix, args.prompt_deep, args.dpt_bottleneck, args.prompt_length) == ("low-rank", True, 4, 100)
@@ -289,8 +318,21 @@ def test_flags_and_presets_through_fairseq_parser(tmp_path):
     assert (args.prompt_matrix, args.prompt_length, args.prompt_deep, args.prompt_position) == ("full", 5, True, 0)
 
 
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_and_its_matrix_through_fairseq_parser(tmp_path, preset):
+    settings = PRESETS[preset]
+    args = parse_train_args(
+        tmp_path, "--arch", "roberta_prompt", "--prompt-preset", preset, "--prompt-matrix", settings["prompt_matrix"]
+    )
+    assert (args.prompt_preset, args.prompt_length, args.prompt_deep) == (
+        preset,
+        settings["prompt_length"],
+        settings["prompt_deep"],
+    )
+
+
 # ---------------------------------------------------------------------- export
-@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+@pytest.mark.parametrize("preset", FACTORED)
 def test_exported_prompt_gives_the_same_logits(tiny, preset):
     export_state = load_script("export_dpt_prompt").export_state
     options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8, save_trainable_only=True)
@@ -303,8 +345,9 @@ def test_exported_prompt_gives_the_same_logits(tiny, preset):
 
     args = exported["cfg"]["model"]
     assert args.prompt_matrix == "full" and model.args.prompt_matrix != "full"  # the original cfg is untouched
-    assert args.prompt_preset == ("deep-prompt-tuning-100" if preset == "deep-dpt" else "prompt-tuning-100")
-    assert P.shape == ((LAYERS,) if preset == "deep-dpt" else ()) + (6, DIM)
+    deep = PRESETS[preset]["prompt_deep"]
+    assert args.prompt_preset == ("deep-prompt-tuning-100" if deep else "prompt-tuning-100")
+    assert P.shape == ((LAYERS,) if deep else ()) + (6, DIM)
     assert torch.allclose(P, model.prompt().detach(), atol=1e-6)
     assert not any(k.startswith("prompt.") and k != "prompt.weight" for k in exported["model"])
     assert "last_optimizer_state" not in exported
@@ -326,6 +369,7 @@ def test_count_tables_follow_the_formulas_at_every_size():
     from fairseq_idpg.counts.prompts import BOTTLENECK, DPT_TABLES, L_PROMPT, RESIDUAL_M
 
     sizes = {"RoBERTa-large": (1024, 24), "RoBERTa-base": (768, 12), "stand-in": (384, 6)}
+    # the rows of each DPT table (fairseq_idpg/counts/prompts.py), not every preset
     order = ["dpt", "prompt-tuning-100", "residual-prompt", "dpt-rank-probe", "deep-dpt", "deep-prompt-tuning-100"]
     assert len(DPT_TABLES) == 3
     for title, rows_fn in DPT_TABLES:
@@ -359,7 +403,7 @@ def test_plot_reads_validations_of_a_fairseq_log(tmp_path):
     assert main([str(tmp_path / "empty.log"), "--out", str(tmp_path / "x.png")]) == 2
 
 
-@pytest.mark.parametrize("preset", ["dpt", "dpt-rank-probe", "residual-prompt", "deep-dpt"])
+@pytest.mark.parametrize("preset", FACTORED)
 def test_runs_in_bfloat16_close_to_float32(tiny, preset):
     options = dict(prompt_length=6, dpt_bottleneck=2, residual_prompt_bottleneck=8)
     model = build_tiny(tiny, ARCH, prompt_preset=preset, **options).eval()

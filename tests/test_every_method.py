@@ -104,3 +104,18 @@ def test_every_method_record_is_well_formed():
         assert method.task in TASK_REGISTRY, method.name
         assert method.train_args()[:2] == ["--task", method.task]
         assert method.train_args().count("--task") == 1 and method.train_args().count("--arch") == 1
+
+
+def test_a_method_and_its_preset_have_one_name():
+    """A record whose options name its own preset carries that preset's settings (``Method.preset``),
+    and the model family reads its presets from the records (``--prompt-preset``, ``--idpg-preset``)."""
+    for method in METHODS.values():
+        option = getattr(method.model_class, "PRESET_OPTION", None)
+        if option is None:
+            assert not method.preset, f"{method.name}: {method.arch} has no preset option to read Method.preset"
+            continue
+        presets = method.model_class.presets()
+        assert method.options[option] in presets, f"{method.name}: --{option.replace('_', '-')} names no preset"
+        if method.preset:
+            assert method.options[option] == method.name, f"{method.name}: its preset goes by another name"
+            assert presets[method.name] == method.preset

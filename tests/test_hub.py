@@ -4,8 +4,8 @@ with fairseq's hub interface given the backbone's new location, it predicts from
 what the model itself computes, and fairseq-validate takes the new location as a model override.
 A missing or wrong backbone fails with one line saying how to give the right one.
 
-Slow: fairseq-train's own ``main`` runs in this process (4 updates per method, on 64 SST-2
-examples), so that the three trainings share one interpreter start.
+Slow (all but the first test): fairseq-train's own ``main`` runs in this process (4 updates per
+method, on 64 SST-2 examples), so that the three trainings share one interpreter start.
 """
 
 import shutil
@@ -16,14 +16,20 @@ import pytest
 import torch
 from checkpoint_support import HEAD, REPO, STANDIN, forget_best_score, hub, hub_dev_accuracy, load_trained
 
+from fairseq_idpg.methods import METHODS as RECORDS
 from fairseq_idpg.methods import get_method
 from fairseq_idpg.models.frozen_roberta import RELOCATE, export_checkpoint
 
-pytestmark = pytest.mark.slow
-METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora")  # one per family
+ONE_PER_FAMILY = {"roberta_prompt": "prompt-tuning-5", "roberta_idpg": "m-idpg-phm", "roberta_blocks": "lora"}
+METHODS = tuple(ONE_PER_FAMILY.values())
 SENTENCES = ["a gripping , funny and moving film .", "the plot is thin and the jokes fall flat .", "it 's fine ."]
 DIMS = ["--encoder-layers", "6", "--encoder-embed-dim", "384", "--encoder-ffn-embed-dim", "1536"]
 DIMS += ["--encoder-attention-heads", "12", "--max-positions", "512"]
+
+
+def test_one_method_of_every_frozen_backbone_family_is_trained_here():
+    assert set(ONE_PER_FAMILY) == {m.arch for m in RECORDS.values() if m.frozen_backbone}
+    assert all(get_method(name).arch == arch for arch, name in ONE_PER_FAMILY.items())
 
 
 def fairseq_train(argv):
@@ -73,6 +79,7 @@ def trained(tmp_path_factory, shared_data):
     return work, data, raw, saves
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", METHODS)
 def test_hub_with_the_moved_backbone_predicts_the_models_own_logits(trained, name):
     from fairseq.data.data_utils import collate_tokens
@@ -103,6 +110,7 @@ def test_hub_with_the_moved_backbone_predicts_the_models_own_logits(trained, nam
     assert torch.allclose(alone, expected[1:2], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fairseq_validate_takes_the_new_location_and_agrees_with_the_hub(trained):
     work, data, raw, saves = trained
     backbone = work / "new" / "model.pt"
@@ -123,6 +131,7 @@ def test_fairseq_validate_takes_the_new_location_and_agrees_with_the_hub(trained
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_missing_or_wrong_backbone_fails_with_one_line(trained, tmp_path):
     work, data, _, saves = trained
     with pytest.raises(FileNotFoundError, match="--backbone .*old/model.pt: no such file; a trained checkpoint"):
@@ -140,12 +149,14 @@ def test_missing_or_wrong_backbone_fails_with_one_line(trained, tmp_path):
     assert str(raised.value).endswith(RELOCATE) and str(tmp_path / "model.pt") in str(raised.value)
 
 
+@pytest.mark.slow
 def test_load_trained_reads_the_override_too(trained):
     work, _, _, saves = trained
     model, cfg, _ = load_trained(saves["m-idpg-phm"] / "checkpoint_last.pt", backbone=str(work / "new" / "model.pt"))
     assert cfg.model.backbone == str(work / "new" / "model.pt") and model.num_trainable_parameters() > 0
 
 
+@pytest.mark.slow
 def test_shared_folder_of_an_exported_checkpoint_and_three_data_files(trained, tmp_path):
     """docs/using.md's sharing: model.pt (exported), input0/dict.txt, label/dict.txt, task.json."""
     work, data, _, saves = trained

@@ -12,6 +12,7 @@ from test_prompt_insertion import PAD, PAIRS, batch, hand_built, slot_by_hand
 from fairseq_idpg.data.task_info import TaskInfo
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.models import roberta_idpg
+from fairseq_idpg.models.roberta_prompt import full_preset
 from fairseq_idpg.modules.prompts.generator import PromptGenerator
 from fairseq_idpg.modules.prompts.layer_biases import LayerBiases
 from fairseq_idpg.tasks.model_protocol import SentenceCacheModel
@@ -96,15 +97,16 @@ def test_low_rank_layer_biases():
 
 
 # ---------------------------------------------------------------------- equivalences in the model
-@pytest.mark.parametrize(
-    "idpg,baseline",
-    [
-        ("s-idpg-phm", "prompt-tuning-5"),
-        ("s-idpg-dnn", "prompt-tuning-5"),
-        ("m-idpg-phm", "p-tuning-v2-5"),
-        ("m-idpg-dnn", "p-tuning-v2-5"),
-    ],
-)
+# every IDPG preset on RoBERTa's M(x) (GloVe's needs a vectors file) and the static prompt method of
+# its length and depth: prompt-tuning-5 for S-IDPG, p-tuning-v2-5 for M-IDPG
+ZERO_W = [
+    (name, full_preset(roberta_idpg.DEFAULTS["idpg_prompt_length"], p["idpg_depth"] == "multi"))
+    for name, p in roberta_idpg.RobertaIdpgModel.presets().items()
+    if p.get("idpg_input", roberta_idpg.DEFAULTS["idpg_input"]) == "roberta"
+]
+
+
+@pytest.mark.parametrize("idpg,baseline", ZERO_W)
 def test_zero_generator_weights_give_prompt_tuning_logits(backbones, idpg, baseline):
     """IDPG section 3.1: with W = 0 IDPG is prompt tuning (single layer) or P-tuning v2 (multi-layer)
     whose prompts are the biases c: the roberta_prompt model of that method, on the same backbone

@@ -66,6 +66,20 @@ def test_sampled_data_reports_the_official_test_set(tmp_path):
     assert row["published"] == 85.9 and row["published_std"] == 1.2  # IDPG Table 3, K = 100, M-IDPG-PHM, SST-2
 
 
+def test_the_reported_split_is_named_by_its_file_glue_dev_is_dev(tmp_path):
+    for task in ("SST-2", "MR"):  # sampled: the official files are test; SST-2's is GLUE's dev set, MR's its test set
+        write_record(tmp_path / "K", task=task, few_shot=100, dev=80.0, test=70.0)
+    assert "Reported split: MR test, SST-2 dev.\n" in markdown(table_of(tmp_path / "K"))
+    write_record(tmp_path / "full", task="SST-2", dev=80.0)  # full data: valid is dev.tsv
+    write_record(tmp_path / "full", task="MNLI", select_on="valid1", dev=80.0)  # dev_mismatched.tsv
+    write_record(tmp_path / "full", task="CR", dev=80.0)  # LM-BFF's CR has no dev file: valid is test.csv
+    text = markdown(table_of(tmp_path / "full"))
+    assert "Reported split: CR test, SST-2 dev, MNLI dev_mismatched.\n" in text
+    assert "SST-2 test" not in text and "SST-2 valid" not in text
+    write_record(tmp_path / "dev100", task="RTE", dev_from_train=100, dev=80.0)  # no official score recorded
+    assert "Reported split: RTE dev (sampled from train).\n" in markdown(table_of(tmp_path / "dev100"))
+
+
 def test_a_per_task_k_table_takes_the_papers_numbers_at_its_default_k(tmp_path):
     budget = "K=1000 (CR: 775)"  # the stand-in study: CR's train file leaves 775 beside the 1,000-example dev set
     for task, k in (("SST-2", 1000), ("CR", 775)):

@@ -151,6 +151,16 @@ def test_finetune_table_and_records_agree():
         assert (recipe.lr, recipe.batch, recipe.num_updates(1)) == (lr, batch, updates)
 
 
+def test_help_lists_every_method_with_its_description():
+    out = subprocess.run(["bash", str(RUN_SH), "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    listed = out.stdout.split("methods (--method):\n", 1)[1]
+    for name in ("finetune", "lora", "m-idpg-phm", "dpt", "inducer-lora"):
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(METHODS[name].description)}$", listed, re.M), name
+    assert len([line for line in listed.splitlines() if line.startswith("  ")]) == len(METHODS)
+    assert "--bf16" in out.stdout and "--few-shot K" in out.stdout  # the flags, from RunConfig's fields
+
+
 # ---------------------------------------------------------------------------------------- values given
 @pytest.mark.parametrize(
     "flags,message",
@@ -264,7 +274,7 @@ def test_scores_are_numbers():
 # ---------------------------------------------------------------------------------------- live output
 def test_eta_from_the_rate_of_updates():
     clock = iter([100.0, 110.0, 130.0, 160.0]).__next__
-    progress = main_job.Progress(100, clock=clock)
+    progress = main_job.TrainingEta(100, clock=clock)
     assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
         "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
     )
@@ -296,7 +306,7 @@ def test_output_reaches_the_log_line_by_line_while_the_command_runs(tmp_path, ca
     watcher = threading.Thread(target=poll)
     watcher.start()
     try:
-        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.Progress(6))
+        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.TrainingEta(6))
     finally:
         done.set()
         watcher.join()

@@ -84,7 +84,7 @@ args: [--dropout, 0]
     assert len(lora) == 2 * 2 * 2 and {r.lr for r in lora} == {None} and {r.data_seed for r in lora} == {9}
     long = [r for r in spec.runs if r.label == "pt-long"]
     assert len(long) == 2 * 2 * 2 and {r.lr for r in long} == {3e-2, 1e-1} and {r.seed for r in long} == {4}
-    assert long[0].args == ("--dropout", "0", "--prompt-length", "7") and long[0].max_update == 5
+    assert long[0].extra_args == ("--dropout", "0", "--prompt-length", "7") and long[0].max_update == 5
     argv = long[0].argv("standin", "/w")
     assert argv[:6] == ["RTE", "--method", "prompt-tuning-5", "--model", "standin", "--seed"]
     for pair in (["--few-shot", "16"], ["--data-seed", "9"], ["--max-update", "5"], ["--lr", "0.03"]):
@@ -120,6 +120,10 @@ args: [--dropout, 0]
         ("name: s\nmethods: [lora]\n", "'tasks' is missing"),
         ("name: s\ntasks: [RTE\n", "not valid YAML"),
         ("name: s\ntasks: [RTE]\nmethods: [{method: lora, lr: 1}]\n", "unknown key 'lr'"),
+        (
+            "name: s\ntasks: [RTE]\nmethods: [lora]\nargs: [--total-batch, x]\n",
+            "lora: args: argument --total-batch: invalid int value: 'x'",
+        ),
     ],
 )
 def test_bad_specifications_are_one_line_errors(tmp_path, capsys, text, message):
@@ -138,6 +142,7 @@ def test_bad_specifications_are_one_line_errors(tmp_path, capsys, text, message)
         (["--seeds", "1,x"], "--seeds '1,x': comma-separated integers"),
         (["--tasks", "RTF"], "--tasks: unknown task 'RTF'"),
         (["--methods", "dpt"], "no run left"),
+        (["--model", "models/roberta.large-mnli"], "not found (scripts/convert_hf_to_fairseq.py or examples/idpg/"),
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
@@ -171,7 +176,7 @@ def test_local_slots_pin_gpus_and_split_cores():
 
 
 def test_progress_line_counts_and_estimates():
-    p = sweep.Progress("s", total=10, cached=2, slots=2)
+    p = sweep.SweepProgress("s", total=10, cached=2, slots=2)
     p.update(started=2)
     p.update(finished=1, seconds=60)
     p.update(failed=1)
@@ -321,7 +326,7 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
     assert plan.finished
     submitted = sweep.submit([(run, plan)], opts, tmp_path / "sweeps" / "smoke", cluster="local")
-    progress = sweep.Progress("smoke", 1, 0, 1)
+    progress = sweep.SweepProgress("smoke", 1, 0, 1)
     failures = sweep.Failures(tmp_path / "failures.json")
     sweep.follow(submitted, progress, failures, tmp_path / "records", poll=1)
     assert progress.done == 1 and progress.failed == 0 and not failures.items

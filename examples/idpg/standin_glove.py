@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write an offline stand-in for glove.6B.300d.txt, for M-IDPG-PHM-GloVe runs on machines that
-cannot download GloVe (the development machines). It is NOT GloVe:
+cannot download GloVe. It is NOT GloVe:
 
     python examples/idpg/standin_glove.py [--model models/minilm-l6-fairseq] \
         [--out models/glove-standin/glove.standin.300d.txt]

@@ -1,8 +1,10 @@
 """The two ways a conversion fails: a bad input (``ConversionError``) or a converted model that does
 not reproduce its source (``VerificationError``). The CLI turns each into one line on stderr."""
 
+from fairseq_idpg.errors import ConfigError
 
-class ConversionError(Exception):
+
+class ConversionError(ConfigError):
     """An input problem: one line naming the file and what was expected."""
 
 

@@ -6,7 +6,7 @@ A subclass supplies its prompts and their length, nothing else of the forward pa
 
     class MyPromptModel(PromptedRobertaModel):
         PROMPT_LENGTH = "my_prompt_length"      # the option holding t
-        PRESET, PRESETS, DEFAULTS, DEFAULT_PRESET = "my_preset", {...}, {...}, "..."
+        PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = "my_preset", {...}, "..."   # presets: the method records'
 
         def prompts(self, src_tokens, **net_input):
             return P_0, layer_prompts           # [t, C] or [B, t, C]; fn(l, x) -> P_l, or None
@@ -29,6 +29,7 @@ extra) with ``extra["inner_states"]`` = [final features, (T+t) x B x C] and ``ex
 is refused).
 """
 
+from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
 from fairseq_idpg.models.presets import flag, resolve_preset
 from fairseq_idpg.modules.prompts.encoder import prompted_features
@@ -42,10 +43,15 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
     """Frozen RoBERTa + inserted (and optionally per-layer added) prompts; see the module docstring."""
 
     PROMPT_LENGTH = ""  # dest of the subclass's prompt-length option (t)
-    PRESET = ""  # dest of its preset option
-    PRESETS = {}  # preset name -> {option dest: value}
+    PRESET_OPTION = ""  # dest of its preset option (``--my-preset NAME``)
     DEFAULTS = {}  # value of each option that no preset sets
     DEFAULT_PRESET = None
+
+    @classmethod
+    def presets(cls):
+        """Preset name -> {option dest: value}: the method records that name themselves under
+        ``PRESET_OPTION`` (``fairseq_idpg.methods.presets_of``), read when used."""
+        return presets_of(cls.PRESET_OPTION)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -70,7 +76,8 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
     def configure(cls, args):
         """Fill every option left unset from the preset, then the defaults (idempotent: fairseq
         calls the architecture at parse time, ``build_model`` again for a stored config)."""
-        resolve_preset(args, cls.PRESETS, cls.PRESET, {**PROMPT_DEFAULTS, **cls.DEFAULTS}, default=cls.DEFAULT_PRESET)
+        defaults = {**PROMPT_DEFAULTS, **cls.DEFAULTS}
+        resolve_preset(args, cls.presets(), cls.PRESET_OPTION, defaults, default=cls.DEFAULT_PRESET)
 
     @classmethod
     def check_args(cls, args, task):

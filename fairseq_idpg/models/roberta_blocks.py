@@ -5,7 +5,7 @@ Table 1, with a trained classification head.
 He et al. 2021's unified view: prefix tuning, LoRA and adapters are modifications of the
 attention or FFN sublayer that compose. So this is one model with one block per concept, and a
 method is a combination of blocks: its record in ``fairseq_idpg/methods.py`` holds its block
-settings (``Method.blocks``), and ``--blocks-preset NAME`` applies the settings of method NAME
+settings (``Method.preset``), and ``--blocks-preset NAME`` applies the settings of method NAME
 (flags given explicitly win, ``--blocks-preset inducer-lora --lora-rank 8 --inducer-output gated``).
 The methods, their blocks and sources: the ``roberta_blocks`` records of ``methods.py``
 (docs/inducer.md tabulates them with their counts).
@@ -28,6 +28,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_base_architecture, roberta_large_architecture
 
 from fairseq_idpg.blocks import Encoder, block_configs, block_defaults, registered_blocks
+from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
 from fairseq_idpg.models.presets import flag, resolve_preset
 from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
@@ -38,17 +39,10 @@ ARCH = "roberta_blocks"
 PRESET_OPTION = "blocks_preset"  # the option that names a method whose block settings apply
 
 
-def presets():
-    """{method name: its block settings} for every ``roberta_blocks`` record, in registration order."""
-    from fairseq_idpg.methods import METHODS
-
-    return {name: dict(method.blocks) for name, method in METHODS.items() if method.arch == ARCH}
-
-
 def resolve(args):
     """Fill every block option left unset from the method named by ``--blocks-preset``, then from the
     blocks' defaults; returns that method's settings."""
-    return resolve_preset(args, presets(), PRESET_OPTION, block_defaults())
+    return resolve_preset(args, RobertaBlocksModel.presets(), PRESET_OPTION, block_defaults())
 
 
 # ---------------------------------------------------------------------- build-time checks
@@ -66,7 +60,8 @@ def check_args(args, settings):
     for config in configs:
         config.check(encoder)
     if not any(config.active() for config in configs):
-        raise ValueError(f"nothing to train: give {flag(PRESET_OPTION)} ({', '.join(presets())}) or a block's flags")
+        methods = ", ".join(RobertaBlocksModel.presets())
+        raise ValueError(f"nothing to train: give {flag(PRESET_OPTION)} ({methods}) or a block's flags")
     return configs
 
 
@@ -93,13 +88,21 @@ def install_blocks(model, configs):
 class RobertaBlocksModel(FrozenBackboneRobertaModel):
     """Frozen RoBERTa + the blocks of ``fairseq_idpg/blocks/`` (module docstring)."""
 
+    PRESET_OPTION = PRESET_OPTION
+
+    @classmethod
+    def presets(cls):
+        """{method name: its block settings} of the records whose ``--blocks-preset`` is their own name, in
+        registration order (``fairseq_idpg.methods.presets_of``, read when used)."""
+        return presets_of(cls.PRESET_OPTION)
+
     @staticmethod
     def add_args(parser):
         FrozenBackboneRobertaModel.add_args(parser)
         g = parser.add_argument_group("Blocks in the frozen layers")
         g.add_argument(
             flag(PRESET_OPTION),
-            choices=list(presets()),
+            choices=list(RobertaBlocksModel.presets()),
             help="a method's block settings (flags given explicitly win)",
         )
         for block in registered_blocks():

@@ -17,17 +17,9 @@ vector (IDPG Eq. 5, ``modules/prompts/glove.py``). Computed once per example and
 of ``tasks/model_protocol.py``): eval-mode M(x) is a function of the frozen backbone and the
 example, so a cached row equals a recomputed one.
 
-Presets (``--idpg-preset``, one per IDPG row of IDPG Table 1 / Table 2; explicit flags win):
-
-================  =====================================================================  =========
-preset            generator                                                               at large
-================  =====================================================================  =========
-s-idpg-phm        PHM, m = 256, n = 16, one A set, single layer                           107,776
-s-idpg-dnn        dense, m = 256, single layer                                            1,578,240
-m-idpg-phm        PHM, m = 16, n = 16, two A sets, multi-layer, M version, previous <s>   137,232
-m-idpg-dnn        dense, m = 16, multi-layer, M version, previous <s>                     221,200
-m-idpg-phm-glove  PHM, m = 16, n = 4, GloVe M(x), multi-layer, M version, first           144,704
-================  =====================================================================  =========
+Presets (``--idpg-preset NAME``; explicit flags win) are the method records of this architecture,
+one per IDPG row of IDPG Table 1 / Table 2 (``fairseq_idpg/methods.py``; docs/idpg.md lists them
+with their counts); what a preset leaves open is ``DEFAULTS``. The default is ``m-idpg-phm``.
 
 The prompt length t is ``--idpg-prompt-length`` (IDPG's t = 5).
 """
@@ -61,29 +53,13 @@ DEFAULT_GLOVE = REPO / "data" / "glove" / "glove.6B.300d.txt"  # where scripts/d
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fairseq_idpg", "idpg"
 )
-PRESET = "idpg_preset"
+PRESET_OPTION = "idpg_preset"
 DEPTHS = ("single", "multi")
 SHARINGS = ("S", "M", "L")
 INPUTS = ("roberta", "glove")
 LAYER_INPUTS = ("first", "previous")
 CACHES = ("disk", "memory", "off")
 
-_M = dict(idpg_depth="multi", idpg_sharing="M")  # M-IDPG: shared W, per-layer c_l (IDPG Table 1)
-PRESETS = {  # IDPG Table 1 / Table 2 and the released scripts
-    "s-idpg-phm": dict(idpg_generator="phm", idpg_hidden=256, idpg_phm_n=16, idpg_phm_a_sets=1, idpg_depth="single"),
-    "s-idpg-dnn": dict(idpg_generator="dnn", idpg_hidden=256, idpg_depth="single"),
-    "m-idpg-phm": dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=16, idpg_phm_a_sets=2, **_M),
-    "m-idpg-dnn": dict(idpg_generator="dnn", idpg_hidden=16, **_M),
-    "m-idpg-phm-glove": dict(
-        idpg_generator="phm",
-        idpg_hidden=16,
-        idpg_phm_n=4,
-        idpg_phm_a_sets=2,
-        idpg_input="glove",
-        idpg_layer_input="first",
-        **_M,
-    ),
-}
 DEFAULTS = dict(  # what a preset leaves open (and every option without a preset: M-IDPG-PHM's)
     idpg_generator="phm", idpg_hidden=16, idpg_prompt_length=5, idpg_phm_n=16, idpg_phm_a_sets=2,
     idpg_depth="multi", idpg_sharing="M", idpg_input="roberta", idpg_layer_input="previous", idpg_dropout=0.1,
@@ -114,14 +90,16 @@ class RobertaIdpgModel(PromptedRobertaModel):
     """IDPG's generated prompts on the prompted RoBERTa; see the module docstring."""
 
     PROMPT_LENGTH = "idpg_prompt_length"
-    PRESET, PRESETS, DEFAULTS, DEFAULT_PRESET = PRESET, PRESETS, DEFAULTS, "m-idpg-phm"
+    PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "m-idpg-phm"
 
     @staticmethod
     def add_args(parser):
         PromptedRobertaModel.add_args(parser)
         g = parser.add_argument_group("IDPG: instance-dependent prompt generation")
         g.add_argument(
-            "--idpg-preset", choices=list(PRESETS), help="an IDPG row of IDPG Table 1/2 (default m-idpg-phm)"
+            "--idpg-preset",
+            choices=RobertaIdpgModel.presets(),
+            help="an IDPG row of IDPG Table 1/2 (fairseq_idpg/methods.py; default m-idpg-phm)",
         )
         g.add_argument("--idpg-generator", choices=KINDS, help="generator G: dnn or phm (IDPG Eq. 4)")
         g.add_argument("--idpg-hidden", type=int, metavar="M", help="generator hidden size m (16 multi, 256 single)")

@@ -5,8 +5,9 @@ One prompt P [l, d] (``--prompt-length`` l) is inserted at ``--prompt-position``
 ``<s>``; ``prompted_roberta.py`` owns the insertion and the forward pass); with ``--prompt-deep``
 a stack P_0..P_{L-1} [L, l, d] is used in IDPG's P-tuning v2 scheme (IDPG section 4.1, appendix
 A.1.2): P_0 inserted at the input, P_k added to the hidden states at the prompt slots after layer
-k = 1..L-1 (nothing after the last layer). ``--prompt-matrix`` says how P is parameterised
-(``modules/prompts/soft_prompts.py``):
+k = 1..L-1 (nothing after the last layer). ``--prompt-matrix`` says how P is parameterised: one
+choice per parameterisation registered in ``modules/prompts/`` (``register_prompt_matrix``, read
+when parsing and building); those of ``soft_prompts.py``:
 
 =========== ==================================================  ===================================
 matrix      P                                                   trainable (no head), x L when deep
@@ -17,21 +18,10 @@ rank-probe  U ReLU(diag(s)) V (DPT Eq. 3), r = min(l, d)        l r + r + r d   
 residual    P + LN(W_up ReLU(W_down P)) (bottleneck m = 400)    l d + 2 d m + m + 3 d  (not deep)
 =========== ==================================================  ===================================
 
-Presets (``--prompt-preset``; the name says the length; explicit flags win):
-
-=======================  ==========================  ==========================================
-preset                   matrix, l, deep             source
-=======================  ==========================  ==========================================
-prompt-tuning-5          full, 5                     IDPG Table 1 / appendix A.1.2 (5,120)
-prompt-tuning-134        full, 134                   IDPG Table 1 (137,216)
-p-tuning-v2-5            full, 5, deep               IDPG Table 1 / appendix A.1.2 (122,880)
-prompt-tuning-100        full, 100                   DPT Table 1 (vanilla prompt tuning)
-deep-prompt-tuning-100   full, 100, deep             the export of deep-dpt
-dpt (default)            low-rank b = 10, 100        DPT section 3 (11,240 at d = 1024)
-dpt-rank-probe           rank-probe, 100             DPT section 2.2
-residual-prompt          residual m = 400, 100       DPT Table 1 (Razdaibiedina et al. 2023)
-deep-dpt                 low-rank b = 10, 100, deep  beyond DPT: A_k B_k at every layer
-=======================  ==========================  ==========================================
+Presets (``--prompt-preset NAME``; explicit flags win) are the method records of this architecture
+(``fairseq_idpg/methods.py``: ``--prompt-matrix``, ``--prompt-length``, ``--prompt-deep``; the name
+says the length; docs/dpt.md lists them), plus ``deep-prompt-tuning-100``, the export of deep-dpt
+(full, 100, deep), which no method trains. The default is ``dpt``.
 
 Every prompt tensor starts U(-0.5, 0.5) by default (``--prompt-init``, ``--prompt-init-scale``), as
 the authors' DPT code and IDPG's prompt biases do. ``--prompt-init vocab`` starts P from l rows of
@@ -49,35 +39,14 @@ from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
 
+from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
-from fairseq_idpg.modules.prompts.soft_prompts import (
-    INITS,
-    FullPrompt,
-    LowRankPrompt,
-    RankProbePrompt,
-    ResidualPrompt,
-    sample_vocab_rows,
-)
+from fairseq_idpg.modules.prompts.soft_prompts import INITS, PROMPT_MATRICES, RankProbePrompt, sample_vocab_rows
 
-PRESET = "prompt_preset"
-
-
-def _preset(matrix, length, deep=False):
-    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
-
-
-PRESETS = {
-    "prompt-tuning-5": _preset("full", 5),
-    "prompt-tuning-134": _preset("full", 134),
-    "p-tuning-v2-5": _preset("full", 5, deep=True),
-    "prompt-tuning-100": _preset("full", 100),
-    "deep-prompt-tuning-100": _preset("full", 100, deep=True),
-    "dpt": _preset("low-rank", 100),
-    "dpt-rank-probe": _preset("rank-probe", 100),
-    "residual-prompt": _preset("residual", 100),
-    "deep-dpt": _preset("low-rank", 100, deep=True),
-}
+PRESET_OPTION = "prompt_preset"
+# the one preset without a method: what scripts/export_dpt_prompt.py turns deep-dpt into (P_k = A_k B_k stored)
+EXPORT_PRESETS = {"deep-prompt-tuning-100": {"prompt_matrix": "full", "prompt_length": 100, "prompt_deep": True}}
 DEFAULTS = {  # DPT section 3: b = 10; residual prompt tuning's bottleneck 400; U(-0.5, 0.5)
     "prompt_matrix": "low-rank",
     "prompt_length": 100,
@@ -93,35 +62,27 @@ RANK_LOG_KEY = "prompt_rank"
 RANK_LOG_PRIORITY = 30  # printed after loss, accuracy and the GLUE metrics
 
 
+def presets():
+    """``{name: settings}`` of ``--prompt-preset``: the records of ``fairseq_idpg.methods``, then the export's."""
+    return {**presets_of(PRESET_OPTION), **EXPORT_PRESETS}
+
+
 def full_preset(length, deep):
     """The preset that trains P itself (``--prompt-matrix full``) with this depth, of this length
     when there is one (an explicit ``--prompt-length`` wins over a preset's either way)."""
-    full = [name for name, p in PRESETS.items() if p["prompt_matrix"] == "full" and p["prompt_deep"] == bool(deep)]
-    return next((name for name in full if PRESETS[name]["prompt_length"] == length), full[-1])
-
-
-# --prompt-matrix -> fn(args, dim, stack) building the block; stack = L for --prompt-deep, else 0
-PROMPT_MATRICES = {
-    "full": lambda a, dim, stack: FullPrompt(
-        a.prompt_length, dim, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-    "low-rank": lambda a, dim, stack: LowRankPrompt(
-        a.prompt_length, dim, a.dpt_bottleneck, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-    "rank-probe": lambda a, dim, stack: RankProbePrompt(
-        a.prompt_length, dim, a.dpt_probe_rank, init=a.prompt_init, scale=a.prompt_init_scale, s_init=a.dpt_probe_s_init
-    ),
-    "residual": lambda a, dim, stack: ResidualPrompt(
-        a.prompt_length, dim, a.residual_prompt_bottleneck, init=a.prompt_init, scale=a.prompt_init_scale
-    ),
-}
-MATRICES = tuple(PROMPT_MATRICES)
-DEEP_MATRICES = ("full", "low-rank")  # the matrices that build a stack of L prompts
+    every = presets()
+    full = [name for name, p in every.items() if p["prompt_matrix"] == "full" and p["prompt_deep"] == bool(deep)]
+    return next((name for name in full if every[name]["prompt_length"] == length), full[-1])
 
 
 def build_prompt(args, dim, num_layers):
     """The prompt module of ``args``: ``forward()`` -> P [l, d], or [L, l, d] with ``--prompt-deep``."""
-    return PROMPT_MATRICES[args.prompt_matrix](args, dim, num_layers if args.prompt_deep else 0)
+    return PROMPT_MATRICES[args.prompt_matrix].build(args, dim, num_layers if args.prompt_deep else 0)
+
+
+def deep_matrices():
+    """The ``--prompt-matrix`` choices that build a stack of L prompts (``--prompt-deep``)."""
+    return [name for name, matrix in PROMPT_MATRICES.items() if matrix.deep]
 
 
 @register_model("roberta_prompt")
@@ -129,7 +90,11 @@ class RobertaPromptModel(PromptedRobertaModel):
     """Frozen RoBERTa + a static soft prompt (see the module docstring)."""
 
     PROMPT_LENGTH = "prompt_length"
-    PRESET, PRESETS, DEFAULTS, DEFAULT_PRESET = PRESET, PRESETS, DEFAULTS, "dpt"
+    PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "dpt"
+
+    @classmethod
+    def presets(cls):
+        return presets()  # the records', then the export's
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
@@ -141,11 +106,14 @@ class RobertaPromptModel(PromptedRobertaModel):
         PromptedRobertaModel.add_args(parser)
         # no argparse defaults: the preset, then DEFAULTS, fill what is not given (configure)
         group = parser.add_argument_group("Soft prompt")
-        group.add_argument("--prompt-preset", choices=list(PRESETS), help="a paper's configuration (default dpt)")
+        group.add_argument(
+            "--prompt-preset", choices=presets(), help="a method's configuration (fairseq_idpg/methods.py; default dpt)"
+        )
         group.add_argument(
             "--prompt-matrix",
-            choices=list(PROMPT_MATRICES),
-            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe) or P + LN(MLP(P)) (residual)",
+            choices=PROMPT_MATRICES,  # the registry itself: read when parsing, so later registrations count
+            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe), P + LN(MLP(P)) (residual), "
+            "or another registered parameterisation (modules/prompts/)",
         )
         group.add_argument("--prompt-length", type=int, metavar="L", help="prompt length l")
         group.add_argument(
@@ -186,7 +154,7 @@ class RobertaPromptModel(PromptedRobertaModel):
 
     @classmethod
     def check_args(cls, args, task):
-        check_choice(args, "prompt_matrix", MATRICES)
+        check_choice(args, "prompt_matrix", PROMPT_MATRICES)
         check_choice(args, "prompt_init", INITS)
         matrix, length, dim, num_layers = (
             args.prompt_matrix,
@@ -213,8 +181,8 @@ class RobertaPromptModel(PromptedRobertaModel):
             )
         if matrix == "residual":
             check_at_least(args, "residual_prompt_bottleneck", 1)
-        if args.prompt_deep and matrix not in DEEP_MATRICES:
-            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(DEEP_MATRICES)}, got {matrix}")
+        if args.prompt_deep and matrix not in deep_matrices():
+            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(deep_matrices())}, got {matrix}")
         if args.prompt_deep and num_layers < 2:
             raise ValueError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
         if not args.prompt_init_scale > 0:

@@ -17,10 +17,12 @@ from typing import List, Tuple
 import pandas as pd
 import yaml
 
+from fairseq_idpg.errors import ConfigError
+
 PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "published"
 
 
-class PublishedError(Exception):
+class PublishedError(ConfigError):
     """An unknown table name or backbone, said in one line."""
 
 

@@ -15,13 +15,15 @@ from typing import Iterable, List, Optional
 
 import pandas as pd
 
+from fairseq_idpg.errors import ConfigError
+
 REQUIRED = ("task", "model", "method", "metric", "select_on", "results", "seed", "lr")
 CELL = ["model", "budget", "task", "label"]
 REPLICATE = ["seed", "data_seed"]  # one run of a cell at one lr: fairseq-train's seed and the data sample's
 SWEEP_FIELDS = ("label", "budget")  # what a sweep adds to the results.json it copies to its records
 
 
-class RecordsError(Exception):
+class RecordsError(ConfigError):
     """A record set that cannot make a table, said in one line."""
 
 

@@ -16,10 +16,13 @@ over those same tasks.
 """
 
 import math
+import re
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
+from ..preprocessing.formats import TASKS
 from .records import CELL, REPLICATE, default_budget
 
 SELECTIONS = ("mean-dev", "best-per-seed")
@@ -217,19 +220,40 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
             chosen = [lr_text(cell.loc[(label, t)]) for t in tasks]
             out.append(f"| {label} | " + " | ".join(chosen) + " |")
         out.append("")
-        out.append("Reported split: " + ", ".join(f"{t} {splits[t] or MISSING}" for t in tasks) + ".\n")
+        reported = {t: split_label(t, splits[t], budget) for t in tasks}
+        out.append("Reported split: " + ", ".join(f"{t} {reported[t] or MISSING}" for t in tasks) + ".\n")
         default = default_budget(budget)
         if default != budget and group["published"].notna().any():
             trained = f"where this table trained with {budget}"
             out.append(f"(paper x) is the paper's number at {default} for every task, {trained}.\n")
     out.append(
         f"Selection: {SELECTION_TEXT[selection]}. Each cell: mean ± sample std (ddof = 1; none for one seed) over "
-        "seeds of the reported split: the official test set where the records have one (sampled dev sets), "
-        f"else the selection dev split (the papers report GLUE dev). {MISSING}: no run. The average is over the "
+        "seeds of the reported split: the task's official labelled set (GLUE: dev; MR, CR, MPQA, SUBJ: test) "
+        "where the dev set that selects was sampled from train, else the selection split itself (full data: "
+        f"the official set; the papers report GLUE dev). {MISSING}: no run. The average is over the "
         "tasks a row has; '(k of N tasks)' marks a row with fewer."
         + (f" (paper x): {published_text}; its average is over the same tasks as the row's." if published_text else "")
     )  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def split_label(task: str, splits: str, budget: str) -> str:
+    """The reported split as the task's files name it, for the ``Reported split:`` line. A record names
+    fairseq's split: ``valid`` / ``test``, then ``valid1`` / ``test1``... for the task's next labelled file.
+    Those files come after train in ``TASKS[task].files``: GLUE's dev set (``dev.tsv``, MNLI's
+    ``dev_matched.tsv``; GLUE's test labels are not public) and the test set of MR, CR, MPQA, SUBJ
+    (``test.csv``). They are ``test*`` where the dev set that selects was sampled from train (every budget
+    but ``full``), else ``valid*``; a sampled ``valid`` is that dev set. Unknown tasks keep fairseq's name."""
+    labels = []
+    for split in filter(None, splits.split("/")):
+        found = re.fullmatch(r"(valid|test)(\d*)", split)
+        files = TASKS[task].files if task in TASKS else ()
+        index = 1 + int(found.group(2) or 0) if found else len(files)
+        if found and found.group(1) == "valid" and budget != "full":
+            labels.append("dev (sampled from train)")
+        else:
+            labels.append(Path(files[index]).stem if index < len(files) else split)
+    return "/".join(dict.fromkeys(labels))
 
 
 def _first(values):

@@ -31,7 +31,14 @@ matching DPT's "Gaussian". Two starts that the long-prompt recipes use (docs/lon
 
 The rank probe's s starts at a positive constant. The residual reparameterisation's MLP keeps
 PyTorch's Linear/LayerNorm initialisation (Razdaibiedina et al. 2023, the baseline of DPT Table 1).
+
+``--prompt-matrix NAME`` of ``roberta_prompt`` builds what ``register_prompt_matrix`` registered
+under NAME; each parameterisation registers itself in the file that defines it (the four above at
+the end of this one), as fairseq's models do with ``register_model``. The model reads the registry
+when it parses and builds, so a new file in this folder (imported with the package) adds a choice.
 """
+
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -39,6 +46,25 @@ import torch.nn.functional as F
 
 INITS = ("uniform", "normal", "vocab", "zero")
 RANDOM_INITS = ("uniform", "normal")  # the draws of ``init_prompt_``; vocab and zero start from them
+
+
+class PromptMatrix(NamedTuple):
+    """One ``--prompt-matrix`` choice: ``build(args, dim, stack)`` -> the prompt module (``args``:
+    roberta_prompt's options; ``stack``: L prompts with ``--prompt-deep``, else 0); ``deep``:
+    whether it builds such a stack."""
+
+    build: Callable
+    deep: bool
+
+
+PROMPT_MATRICES = {}  # --prompt-matrix NAME -> PromptMatrix, in registration order
+
+
+def register_prompt_matrix(name, build, deep=False):
+    """Make ``--prompt-matrix NAME`` build ``build(args, dim, stack)``; see ``PromptMatrix``."""
+    if name in PROMPT_MATRICES:
+        raise ValueError(f"prompt matrix {name!r} registered twice")
+    PROMPT_MATRICES[name] = PromptMatrix(build, deep)
 
 
 def init_prompt_(tensor, init="uniform", scale=0.5):
@@ -225,3 +251,31 @@ class ResidualPrompt(nn.Module):
     def zero_(self):
         """The skip path's P = 0 (the MLP still adds LN(MLP(0)) = LN(b_up + ...))."""
         self.weight.zero_()
+
+
+# ---------------------------------------------------------------------------------------- --prompt-matrix
+# from roberta_prompt's options: --prompt-length l, --prompt-init(-scale), --dpt-*, --residual-prompt-bottleneck
+register_prompt_matrix(
+    "full",
+    lambda a, dim, stack: FullPrompt(a.prompt_length, dim, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale),
+    deep=True,
+)
+register_prompt_matrix(
+    "low-rank",
+    lambda a, dim, stack: LowRankPrompt(
+        a.prompt_length, dim, a.dpt_bottleneck, stack=stack, init=a.prompt_init, scale=a.prompt_init_scale
+    ),
+    deep=True,
+)
+register_prompt_matrix(
+    "rank-probe",
+    lambda a, dim, stack: RankProbePrompt(
+        a.prompt_length, dim, a.dpt_probe_rank, init=a.prompt_init, scale=a.prompt_init_scale, s_init=a.dpt_probe_s_init
+    ),
+)
+register_prompt_matrix(
+    "residual",
+    lambda a, dim, stack: ResidualPrompt(
+        a.prompt_length, dim, a.residual_prompt_bottleneck, init=a.prompt_init, scale=a.prompt_init_scale
+    ),
+)

@@ -1,0 +1,223 @@
+"""One run's request, typed: ``RunConfig``, what ``scripts/run.sh`` is given and what a sweep's row is.
+
+    request = RunConfig.from_argv(["RTE", "--method", "lora", "--seed", "2"])   # run.sh's arguments
+    request = RunConfig("RTE", "lora", seed=2).with_flags(["--lr", "1e-3", "--dropout", "0.2"])  # a sweep's row
+    request.validate().argv()   # checked; the run.sh command line again ("--dropout 0.2" is in extra_args)
+
+Each field is a flag: its ``option(...)`` carries the help, the group in ``--help``, the check its value
+must pass and the options it excludes, and the parser is generated from the fields (the type from the
+annotation: ``bool`` is a switch, ``Optional[int]`` an int that may be absent). ``extra_args`` holds
+the flags that are not run.sh's: they go to fairseq-train as given. ``validate()`` turns an impossible
+request into one line naming the flag. run.py resolves the request into the run's configuration (the
+recipe's lr, the updates, the data's provenance: ``config.json``, whose hash names the run folder);
+``RunConfig.from_config`` reads that back as the request that makes the same run.
+
+A new run option is one field here (``config=True`` when it changes what is trained: it is then written
+to config.json, and so hashed, when it is not at its default, so that finished runs keep their folder)
+plus the code that reads it.
+"""
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Tuple
+
+from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.preprocessing.formats import LMBFF, TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+# GLUE's tasks (raw folder $GLUE_DIR/<TASK>) and LM-BFF's (raw folder $LMBFF_DIR/<task>)
+LMBFF_TASKS = {name: name.lower() for name, spec in TASKS.items() if spec.files == LMBFF}
+GLUE_TASKS = [name for name in TASKS if name not in LMBFF_TASKS]
+GROUPS = {  # the groups of --help, in order (None: the parser's own)
+    None: None,
+    "budget": "budget (default: the method's recipe)",
+    "devices": "devices (the effective batch stays --total-batch)",
+    "run": "run",
+}
+POSITIVE, NON_NEGATIVE = "> 0", ">= 0"
+
+
+class RunError(ConfigError):
+    """A bad request, reported as one line before anything runs (``run.sh: error: ...``, exit 2)."""
+
+
+def option(default=None, help="", group=None, *, metavar=None, check=None, excludes=None, shown=False, config=False):
+    """A run.sh flag as a dataclass field. ``check``: POSITIVE or NON_NEGATIVE; ``excludes``: (the other
+    field, why); ``shown``: always written by ``argv()``; ``config``: part of the run's configuration."""
+    meta = dict(help=help, group=group, metavar=metavar, check=check, excludes=excludes, shown=shown, config=config)
+    return field(default=default, metadata=meta) if default is not dataclasses.MISSING else field(metadata=meta)
+
+
+def _raise(message):
+    raise RunError(message)
+
+
+def canonical_task(name):
+    """The task's own spelling (``rte`` -> ``RTE``)."""
+    for task in GLUE_TASKS + list(LMBFF_TASKS):
+        if task.lower() == name.lower():
+            return task
+    raise RunError(f"unknown task {name!r}; valid: {', '.join(GLUE_TASKS + list(LMBFF_TASKS))}")
+
+
+# fmt: off
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run is asked to be; every field but ``extra_args`` is a run.sh flag of the same name."""
+
+    task: str = option(dataclasses.MISSING, ", ".join(GLUE_TASKS + list(LMBFF_TASKS)))
+    method: str = option("finetune", "a method of fairseq_idpg/methods.py (default finetune; the list below)",
+                         shown=True)
+    model: str = option("standin", "standin (default), roberta.base, roberta.large, or a folder with model.pt",
+                        shown=True)
+    seed: int = option(1, "fairseq-train's seed (default 1)", "budget", check=NON_NEGATIVE, shown=True)
+    raw: Optional[str] = option(None, "the task's raw folder (default: $GLUE_DIR / $LMBFF_DIR / ../shared/data)")
+    bpe_dir: Optional[str] = option(
+        None, "RoBERTa GPT-2 BPE files (default ../shared/roberta_bpe, else models/gpt2_bpe)")
+    few_shot: Optional[int] = option(None, "train on K sampled examples (prepare_data.py --few-shot)", metavar="K",
+                                     check=POSITIVE,
+                                     excludes=("dev_from_train", "few-shot samples its own dev set"))
+    dev_from_train: Optional[int] = option(None, "hold out N train examples as the dev set", metavar="N",
+                                           check=POSITIVE)
+    data_seed: int = option(1, "seed of --few-shot / --dev-from-train (default 1)", check=NON_NEGATIVE)
+    lr: Optional[float] = option(None, "learning rate", "budget", check=POSITIVE)
+    max_update: Optional[int] = option(None, "updates (the stand-in: 300)", "budget", check=POSITIVE,
+                                       excludes=("epochs", "both set the budget"))
+    epochs: Optional[float] = option(None, "or the budget in epochs of the prepared train set", "budget",
+                                     check=POSITIVE)
+    total_batch: Optional[int] = option(None, "effective batch per update", "budget", check=POSITIVE)
+    nproc: int = option(1, "devices / CPU workers (torchrun; default 1)", "devices", check=POSITIVE)
+    batch_size: Optional[int] = option(None, "per-device batch (default: total / (nproc x update-freq))",
+                                       "devices", check=POSITIVE)
+    update_freq: Optional[int] = option(None, "batches accumulated per update (default: as --batch-size needs)",
+                                        "devices", check=POSITIVE)
+    max_tokens: Optional[int] = option(None, "also cap a per-device batch at N tokens (passed to fairseq)",
+                                       "devices", check=POSITIVE)
+    fp16: bool = option(False, "mixed precision (CUDA)", "devices")
+    bf16: bool = option(False, "bf16 mixed precision (CUDA, Ampere or newer)", "devices",
+                        excludes=("fp16", "one mixed precision at a time"), config=True)
+    work_dir: str = option(str(REPO), "where data-bin/ and checkpoints/ go (default: the checkout)", "run")
+    restart: bool = option(False, "remove this configuration's folder and train again", "run")
+    dry_run: bool = option(False, "print the budget and the fairseq-train command; run nothing", "run")
+    extra_args: Tuple[str, ...] = ()  # the other flags: fairseq-train's, as given
+    # fmt: on
+
+    # ------------------------------------------------------------------------------------ the flags
+    @classmethod
+    def options(cls):
+        """The fields that are flags, with their type (``Optional[X]`` -> X)."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.metadata:
+                kind = hints[f.name]
+                yield f, next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+
+    @classmethod
+    def parser(cls, description=None, epilog=None, defaults=None):
+        """run.sh's argparse parser, one argument per field (``defaults`` replace the fields' own, and
+        then a bad value is a RunError rather than the usage and exit 2)."""
+        p = argparse.ArgumentParser(
+            prog="scripts/run.sh", description=description, epilog=epilog, allow_abbrev=False,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        if defaults is not None:
+            p.error = _raise
+        groups = {name: p if title is None else p.add_argument_group(title) for name, title in GROUPS.items()}
+        for f, kind in cls.options():
+            meta, default = f.metadata, (defaults or {}).get(f.name, f.default)
+            if f.default is dataclasses.MISSING:
+                groups[meta["group"]].add_argument(f.name, help=meta["help"])
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if kind is bool:
+                groups[meta["group"]].add_argument(flag, action="store_true", default=default, help=meta["help"])
+            else:
+                groups[meta["group"]].add_argument(flag, type=kind, default=default, metavar=meta["metavar"],
+                                                   help=meta["help"])  # fmt: skip
+        return p
+
+    @classmethod
+    def from_argv(cls, argv, **parser_text):
+        """run.sh's command line; flags that are not run.sh's are kept, in order, as ``extra_args``."""
+        args, extra = cls.parser(**parser_text).parse_known_args(argv)
+        return cls(**vars(args), extra_args=tuple(extra))
+
+    def with_flags(self, argv):
+        """This request with run.sh flags applied (a sweep's ``args``): the last value given wins, as on
+        a command line; the others are appended to ``extra_args``."""
+        given = {f.name: getattr(self, f.name) for f, _ in self.options() if f.default is not dataclasses.MISSING}
+        args, extra = self.parser(defaults=given).parse_known_args(["-", *argv])
+        changes = {k: v for k, v in vars(args).items() if k != "task"}
+        return dataclasses.replace(self, **changes, extra_args=(*self.extra_args, *extra))
+
+    def argv(self):
+        """The run.sh command line of this request (its fields not at their default, and the ``shown`` ones)."""
+        argv = [self.task]
+        for f, kind in self.options():
+            value = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or (value == f.default and not f.metadata["shown"]):
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            argv += [flag] if kind is bool else [flag, str(value)]
+        return argv + list(self.extra_args)
+
+    # ------------------------------------------------------------------------------------ checks
+    def validate(self):
+        """RunError (one line naming the flag) for a value that cannot be right. Explicit values are
+        used as given, so impossible ones are errors (never 'use the default')."""
+        for f, _ in self.options():
+            value, check, flag = getattr(self, f.name), f.metadata["check"], "--" + f.name.replace("_", "-")
+            if value is not None and check is not None and not (value > 0 if check == POSITIVE else value >= 0):
+                raise RunError(f"{flag} must be {check}, got {value}")
+        for f, _ in self.options():
+            if f.metadata["excludes"] and getattr(self, f.name) and getattr(self, f.metadata["excludes"][0]):
+                other, why = f.metadata["excludes"]
+                raise RunError(f"--{f.name.replace('_', '-')} and --{other.replace('_', '-')} exclude each other "
+                               f"({why})")  # fmt: skip
+        from fairseq_idpg.methods import METHODS
+        from fairseq_idpg.preprocessing.prepare import FEW_SHOT_DEV
+
+        if self.method not in METHODS:
+            raise RunError(f"unknown --method {self.method!r}; valid: {', '.join(sorted(METHODS))}")
+        train = TASKS[canonical_task(self.task)].sizes[0]
+        if self.few_shot is not None and self.few_shot > train - FEW_SHOT_DEV:
+            raise RunError(
+                f"--few-shot {self.few_shot}: {canonical_task(self.task)}'s train file has {train:,} rows and the "
+                f"{FEW_SHOT_DEV:,}-example dev set is sampled from it too, so K can be at most "
+                f"{max(0, train - FEW_SHOT_DEV):,}"
+            )
+        return self
+
+    # ------------------------------------------------------------------------------------ the configuration
+    def config_options(self):
+        """The ``config=True`` fields not at their default: part of config.json (and of its hash)."""
+        return {f.name: getattr(self, f.name) for f, _ in self.options()
+                if f.metadata["config"] and getattr(self, f.name) != f.default}  # fmt: skip
+
+    @classmethod
+    def from_config(cls, config, **run):
+        """The request that makes the run of a ``config.json`` again (explicit lr, batch, budget and
+        device layout, so a later recipe default does not change it); ``run``: work_dir, raw, ..."""
+        provenance = config["data"]["provenance"] or {}
+        sampled = provenance.get("few_shot") is not None or provenance.get("dev_from_train") is not None
+        budget = {"epochs": config["epochs"]} if config["epochs"] is not None else {"max_update": config["updates"]}
+        added = {f.name: config[f.name] for f, _ in cls.options() if f.metadata["config"] and f.name in config}
+        return cls(
+            task=config["task"], method=config["method"]["name"], model=config["model"]["name"], seed=config["seed"],
+            few_shot=provenance.get("few_shot"), dev_from_train=provenance.get("dev_from_train"),
+            data_seed=provenance["seed"] if sampled else 1, lr=config["lr"], total_batch=config["batch"], **budget,
+            nproc=config["layout"]["nproc"], batch_size=config["layout"]["batch_size"],
+            update_freq=config["layout"]["update_freq"], max_tokens=config["max_tokens"], fp16=config["fp16"],
+            extra_args=tuple(config["extra_args"]), **added, **run,
+        )  # fmt: skip
+
+
+def method_list():
+    """``--help``'s list of methods: name and one-line description."""
+    from fairseq_idpg.methods import METHODS
+
+    width = max(map(len, METHODS))
+    return "methods (--method):\n" + "\n".join(f"  {n:{width}}  {m.description}" for n, m in sorted(METHODS.items()))

