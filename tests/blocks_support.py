@@ -1,5 +1,10 @@
 """Helpers of the tests of the blocks family (``--arch roberta_blocks``: test_inducer.py, test_lora.py,
-test_prefix.py, test_adapters.py). No tests here; the tiny backbone and builder are conftest's."""
+test_prefix.py, test_adapters.py, test_block_placement.py, test_block_dropout.py). No tests here; the tiny
+backbone and builder are conftest's.
+
+The methods a test runs come from the registry (``fairseq_idpg.methods.METHODS``), chosen by what their
+settings turn on (``methods_with``), never from a list of names: a new record is tested wherever its blocks are.
+"""
 
 import json
 import subprocess
@@ -7,8 +12,50 @@ from pathlib import Path
 
 import torch
 
+from fairseq_idpg.blocks import BLOCKS
+from fairseq_idpg.methods import METHODS
+from fairseq_idpg.modules.slots import SLOTS
+
 REPO = Path(__file__).resolve().parents[1]
 TOKENS = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])  # one padded row
+
+
+def block_methods():
+    """Every method of the family (``--arch roberta_blocks``), in registration order."""
+    return [name for name, method in METHODS.items() if method.arch == "roberta_blocks"]
+
+
+def method_blocks(name):
+    """``{block: config}`` of the blocks (fairseq_idpg/blocks/) that the settings of method ``name`` (its
+    record's ``preset``, over the blocks' defaults) turn on."""
+    settings = METHODS[name].preset
+    configs = {
+        block: cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}})
+        for block, cls in BLOCKS.items()
+    }
+    return {block: config for block, config in configs.items() if config.active()}
+
+
+def method_slots(name):
+    """The slots the blocks of method ``name`` attach to."""
+    return {slot for config in method_blocks(name).values() for slot in config.slots}
+
+
+def methods_with(*blocks, slots=(), where=None):
+    """The methods of the family, in registration order, whose settings turn on one of ``blocks`` (block
+    names) or a block attaching to one of ``slots``, and (if given) satisfy ``where({block: config})``.
+    Never empty: a query that matched no method would leave its test with nothing to test."""
+    unknown = (set(blocks) - set(BLOCKS)) | (set(slots) - set(SLOTS))
+    assert not unknown, f"unknown {sorted(unknown)}; blocks: {', '.join(BLOCKS)}; slots: {', '.join(SLOTS)}"
+
+    def chosen(name):
+        active = method_blocks(name)
+        turned_on = not (blocks or slots) or set(blocks) & set(active) or set(slots) & method_slots(name)
+        return bool(turned_on) and (where is None or where(active))
+
+    names = [name for name in block_methods() if chosen(name)]
+    assert names, f"no method of the registry matches blocks={blocks}, slots={slots}, where={where}"
+    return names
 
 
 def logits(model, tokens=TOKENS):

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from blocks_support import logits, run_main_job
+from blocks_support import logits, methods_with, run_main_job
 from checkpoint_support import (
     assert_compact_and_resumable,
     assert_hub_agrees_with_validation,
@@ -15,9 +15,13 @@ from checkpoint_support import (
 )
 from conftest import SHARED, build_tiny
 
+from fairseq_idpg.blocks import BLOCKS
+from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
+
+ADAPTERS = ("adapter", "ffn_adapter")  # the blocks of this file with modules: sequential and parallel adapters
 
 
 def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
@@ -33,15 +37,16 @@ def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
         assert torch.equal(ours(x, pad), expected)
 
 
-@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter", "mam-adapter"])
+@pytest.mark.parametrize("preset", methods_with(*ADAPTERS))
 def test_zero_up_projection_leaves_the_backbone_unchanged(tiny, preset):
     model = build_tiny(tiny, "roberta_blocks", blocks_preset=preset).eval()
-    if preset == "mam-adapter":  # the reference keeps the same prefixes, without the adapter
-        reference = build_tiny(tiny, "roberta_blocks", prefix_length=16).eval()
-        reference.prefix_encoder.load_state_dict(model.prefix_encoder.state_dict())
-    else:
-        reference = build_tiny(tiny, "roberta_blocks", bitfit=True).eval()  # fairseq's own forward, same backbone
-    reference.classification_heads.load_state_dict(model.classification_heads.state_dict())
+    # the reference: the method's other blocks (MAM: its prefixes, inducer, LoRA) with the same tensors, without
+    # the adapters; BitFit only so that something trains (its biases are the backbone's: fairseq's own forward)
+    adapter_options = {option for block in ADAPTERS for option in BLOCKS[block].defaults()}
+    others = {k: v for k, v in METHODS[preset].preset.items() if k not in adapter_options}
+    reference = build_tiny(tiny, "roberta_blocks", bitfit=True, **others).eval()
+    missing, unexpected = reference.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and unexpected and all("_adapter." in k for k in unexpected)
     up = [p for name, p in model.named_parameters() if "_adapter.up." in name]
     assert up
     with torch.no_grad():
@@ -146,7 +151,7 @@ def test_invalid_settings_fail_at_build_time(tiny, flags, message):
         build_tiny(tiny, "roberta_blocks", **flags).eval()
 
 
-@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter", "bitfit"])
+@pytest.mark.parametrize("preset", methods_with(*ADAPTERS, "bitfit"))
 def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
     """Saved compact after 3 steps (BitFit: the trained biases, not the frozen weights), loaded into a
     fresh model with fairseq's Adam and scheduler state: 3 more steps equal 6 uninterrupted ones."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from blocks_support import logits
+from blocks_support import logits, method_blocks, methods_with
 from conftest import build_tiny
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from test_block_placement import (
@@ -28,7 +28,6 @@ from test_block_placement import (
     OTHER_PRESETS,
     batch,
     max_diff,
-    method_blocks,
     no_drop,
     one_thread,  # noqa: F401  (autouse: one intra-op thread for these tiny tensors)
     randomise_blocks,
@@ -88,7 +87,7 @@ def test_lora_dropout_is_on_its_input(tiny):
 
 
 # ---------------------------------------------------------------------- inducer: lambda
-@pytest.mark.parametrize("preset", ["inducer", "inducer-gating", "inducer-adaptive"])
+@pytest.mark.parametrize("preset", methods_with("inducer"))
 def test_inducer_dropout_is_on_lambda(tiny, preset):
     attn = fresh(tiny, preset).encoder.sentence_encoder.layers[0].self_attn
     ind = attn.inducer
@@ -113,7 +112,7 @@ def test_inducer_dropout_is_on_lambda(tiny, preset):
 
 
 # ---------------------------------------------------------------------- parallel FFN adapter: its hidden layer
-@pytest.mark.parametrize("preset", ["mam-adapter", "mam-inducer"])
+@pytest.mark.parametrize("preset", methods_with("ffn_adapter"))
 def test_parallel_adapter_dropout_is_on_its_hidden_layer(tiny, preset):
     model = fresh(tiny, preset)
     adapter = model.encoder.sentence_encoder.layers[0].parallel_adapter
@@ -132,19 +131,20 @@ def test_parallel_adapter_dropout_is_on_its_hidden_layer(tiny, preset):
 
 
 # ---------------------------------------------------------------------- no dropout of their own
-@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter", "prefix-tuning"])
+@pytest.mark.parametrize("preset", methods_with("adapter", "prefix"))
 def test_sequential_adapters_and_prefixes_have_no_dropout_of_their_own(tiny, preset):
     model = fresh(tiny, preset).train()
     x, _ = batch(tiny.dim)
+    active, blocks = method_blocks(preset), []
     with torch.no_grad():
-        if preset == "prefix-tuning":
-            blocks = [model.prefix_encoder]
+        if "prefix" in active:
+            blocks.append(model.prefix_encoder)
             kv = [model.prefix_encoder.layer_kv(i) for i in range(2)]
             assert all(torch.equal(a, b) for i in range(2) for a, b in zip(kv[i], model.prefix_encoder.layer_kv(i)))
-        else:
+        if "adapter" in active:
             layer = model.encoder.sentence_encoder.layers[0]
-            blocks = [layer.attn_adapter, layer.ffn_adapter]
-            for adapter in blocks:
+            blocks += [layer.attn_adapter, layer.ffn_adapter]
+            for adapter in blocks[-2:]:
                 assert adapter.dropout.p == 0.0
                 assert torch.equal(adapter(x), adapter(x))
                 assert torch.allclose(adapter(x), reference_adapter(adapter, x), atol=ATOL)
@@ -170,7 +170,7 @@ def test_train_mode_layer_equals_the_hand_built_layer_with_dropout(tiny, preset)
             assert torch.allclose(layer(x, pad), reference_layer(layer, x, pad), atol=ATOL)
 
 
-@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter"])
+@pytest.mark.parametrize("preset", methods_with("adapter"))
 def test_sequential_adapters_come_after_the_sublayer_dropout(tiny, preset):
     """Houlsby (adapter-bert: dense -> dropout -> adapter -> LayerNorm(+ input)), Compacter likewise."""
     if not sdpa_draws_like_f_dropout():

@@ -27,43 +27,31 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from blocks_support import block_methods, method_slots, methods_with
 from conftest import build_tiny
 
-from fairseq_idpg.blocks import BLOCKS
-from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 
 LENGTHS = (7, 5, 3)  # one full row and two padded ones
 ATOL = 1e-5
 
 
-def method_blocks(name):
-    """The blocks that the settings of method ``name`` (its record's ``preset``) turn on."""
-    settings = METHODS[name].preset
-    return {
-        block: cls
-        for block, cls in BLOCKS.items()
-        if cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}}).active()
-    }
-
-
-def method_slots(name):
-    """The slots the blocks of method ``name`` attach to."""
-    return {slot for cls in method_blocks(name).values() for slot in cls.slots}
-
-
-# every method of the family, from the records: the adapter-family methods of the placement question (an
-# adapter before, beside or after a sublayer) first, then every other (bitfit: no module, so fairseq's own
-# layer, and the reference itself is checked)
-BLOCK_METHODS = [name for name, method in METHODS.items() if method.arch == "roberta_blocks"]
-ADAPTER_PRESETS = [name for name in BLOCK_METHODS if method_slots(name) & {"after_attention", "ffn", "after_ffn"}]
-OTHER_PRESETS = [name for name in BLOCK_METHODS if name not in ADAPTER_PRESETS]
 MISPLACEMENTS = {
     "attn-adapter-after-ln": "the attention adapter after LN_1: LN_1(x + h) + f(LN_1(x + h))",
     "ffn-adapter-after-ln": "the FFN adapter after LN_2",
     "parallel-adapter-after-ln": "the parallel adapter added after LN_2",
     "parallel-adapter-sequential": "the parallel adapter fed by the FFN output (sequential) instead of its input",
 }
+MISPLACEABLE = {  # the slots of the placement question (after the attention, beside or after the FFN): their moves
+    "after_attention": ("attn-adapter-after-ln",),
+    "after_ffn": ("ffn-adapter-after-ln",),
+    "ffn": ("parallel-adapter-after-ln", "parallel-adapter-sequential"),
+}
+# every method of the family, from the records: the adapter-family methods of the placement question (a block in
+# one of those slots) first, then every other (bitfit: no module, so fairseq's own layer, and the reference
+# itself is checked)
+ADAPTER_PRESETS = methods_with(slots=tuple(MISPLACEABLE))
+OTHER_PRESETS = [name for name in block_methods() if name not in ADAPTER_PRESETS]
 
 
 # ---------------------------------------------------------------------- inputs and models
@@ -300,16 +288,7 @@ def test_the_blocks_sit_in_the_slots_the_presets_name(blocks_model):
 
 @pytest.mark.parametrize(
     "preset,misplace",
-    [
-        ("houlsby-adapter", "attn-adapter-after-ln"),
-        ("houlsby-adapter", "ffn-adapter-after-ln"),
-        ("compacter", "attn-adapter-after-ln"),
-        ("compacter", "ffn-adapter-after-ln"),
-        ("mam-adapter", "parallel-adapter-after-ln"),
-        ("mam-adapter", "parallel-adapter-sequential"),
-        ("mam-inducer", "parallel-adapter-after-ln"),
-        ("mam-inducer", "parallel-adapter-sequential"),
-    ],
+    [(p, m) for p in ADAPTER_PRESETS for slot, moves in MISPLACEABLE.items() if slot in method_slots(p) for m in moves],
 )
 def test_a_misplaced_adapter_does_not_match(tiny, blocks_model, preset, misplace):
     """The comparison above can fail: each placement of MISPLACEMENTS gives another output."""
@@ -336,7 +315,7 @@ class AddAfter(nn.Module):
         return t + self.adapter(t)
 
 
-@pytest.mark.parametrize("preset", ["houlsby-adapter", "compacter"])
+@pytest.mark.parametrize("preset", methods_with(slots=("after_attention",)))  # an attn_adapter to move
 def test_moving_the_attention_adapter_after_the_layernorm_in_the_layer_is_caught(tiny, blocks_model, preset):
     """The mutation of the question (the layer's attention adapter moved after LN_1) fails the comparison."""
     model = blocks_model(preset)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from blocks_support import logits, run_main_job
+from blocks_support import logits, methods_with, run_main_job
 from checkpoint_support import (
     assert_compact_and_resumable,
     assert_hub_agrees_with_validation,
@@ -252,7 +252,7 @@ def test_invalid_settings_fail_at_build_time(tiny, flags, message):
         build_tiny(tiny, "roberta_blocks", **flags)
 
 
-@pytest.mark.parametrize("preset", ["inducer", "mam-inducer"])
+@pytest.mark.parametrize("preset", methods_with("inducer"))
 def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
     """Saved compact after 3 steps, loaded into a fresh model with fairseq's Adam and scheduler
     state: 3 more steps give the tensors of 6 uninterrupted steps (lambda dropout included)."""

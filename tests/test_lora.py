@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn as nn
-from blocks_support import logits
+from blocks_support import logits, methods_with
 from conftest import build_tiny
 
 from fairseq_idpg.blocks.lora import merge_lora
@@ -66,7 +66,8 @@ def test_lora_with_b_zero_leaves_the_backbone_and_lora_changes_it(tiny):
     assert not torch.allclose(logits(model), reference, atol=1e-4)
 
 
-@pytest.mark.parametrize("preset", ["lora", "inducer-lora"])
+# LoRA on W_q: the merge below checks W_q
+@pytest.mark.parametrize("preset", methods_with("lora", where=lambda blocks: "q" in blocks["lora"].targets()))
 def test_merging_lora_into_w_gives_the_same_logits(tiny, preset):
     model = build_tiny(tiny, "roberta_blocks", blocks_preset=preset).eval()
     with torch.no_grad():

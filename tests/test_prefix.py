@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from blocks_support import logits, run_main_job
+from blocks_support import logits, methods_with, run_main_job
 from checkpoint_support import (
     HEAD,
     assert_compact_and_resumable,
@@ -95,7 +95,7 @@ def test_trained_through_the_mlp_saved_with_it_and_exported_without_it(tiny):
     assert not fresh.prefix_encoder.stored and torch.equal(logits(fresh), expected)
 
 
-@pytest.mark.parametrize("preset", ["prefix-tuning", "mam-adapter"])
+@pytest.mark.parametrize("preset", methods_with("prefix"))
 def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
     """Saved compact after 3 steps, loaded into a fresh model with fairseq's Adam and scheduler
     state: 3 more steps give the tensors of 6 uninterrupted steps, bit for bit."""
