@@ -77,6 +77,14 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    < 1, and fairseq-validate's ``--path`` when it is missing or not a checkpoint (was ``KeyError: None``).
    A save folder that fairseq-train made for a run refused this way is removed when still empty.
 
+11. ``fp16_optimizer_on_any_device``: fairseq's ``FP16Optimizer`` (``--fp16``, ``--bf16``) keys its flat fp32
+   master copy by ``torch.cuda.current_device()``, so ``--fp16 --cpu`` stopped in ``build_fp32_params`` with
+   "Torch not compiled with CUDA enabled" (and, on a CUDA machine, would key CPU parameters by a GPU index
+   that its gradient sync never finds). Off CUDA the flat copy is keyed by the parameters' own device (index
+   None on the CPU, what the sync looks up) and lives there; on CUDA nothing changes. The copy holds exactly
+   the parameters the trainer hands over (those with ``requires_grad``: a frozen backbone gets none).
+   ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` make no CUDA assumption.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -541,11 +549,36 @@ def _patch_validate(module):
     one_line_errors(module, "fairseq-validate")
 
 
+# ---------------------------------------------------------------- 11. fp16 optimizers off CUDA
+def fp16_optimizer_on_any_device(fp16_optimizer):
+    """``_FP16OptimizerMixin.build_fp32_params`` builds the flat fp32 copy on the parameters' own device."""
+    mixin = fp16_optimizer._FP16OptimizerMixin
+    original = mixin.__dict__["build_fp32_params"].__func__
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def build_fp32_params(cls, args, params, flatten=True):
+        params = list(params)
+        pipeline = getattr(args, "pipeline_model_parallel", False) and getattr(args, "distributed_no_spawn", False)
+        if not flatten or pipeline or not params or params[0].is_cuda:
+            return original(cls, args, params, flatten=flatten)
+        import torch
+
+        # one flat fp32 tensor on the parameters' device, keyed as the grad/param syncs look it up (p.device.index)
+        flat = torch.nn.Parameter(torch.cat([p.data.reshape(-1) for p in params]).float())
+        flat.grad = torch.zeros_like(flat.data)
+        return {params[0].device.index: flat}
+
+    build_fp32_params._fairseq_idpg_compat = True
+    mixin.build_fp32_params = classmethod(build_fp32_params)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
+    "fairseq.optim.fp16_optimizer": fp16_optimizer_on_any_device,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.train": lambda module: one_line_errors(module, "fairseq-train"),
     "fairseq_cli.validate": _patch_validate,

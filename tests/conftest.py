@@ -5,6 +5,8 @@
         model = build_tiny(tiny, "roberta_idpg", idpg_preset="s-idpg-phm")
     def test_y(tiny_backbones):
         a, b = tiny_backbones(layers=3), tiny_backbones(layers=3, seed=1)   # other sizes / weights
+    def test_z(name, tiny4, method_files):                # a method record on 4 layers, with its files
+        model = build_record(METHODS[name], tiny4, method_files, seed=0)
 
 ``build_tiny`` goes through ``fairseq_idpg.models.build``, the builder the parameter counts use on
 the meta device, so a model is built the same way in tests, counts, benchmarks and fairseq-train.
@@ -124,3 +126,37 @@ def build_tiny(backbone, arch_or_method, num_classes=2, info=None, backbone_file
         model = build_method(arch_or_method, backbone.dictionary, info=info, **options)
     model.register_classification_head("head", num_classes=num_classes)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny4(tiny_backbones) -> TinyBackbone:
+    """A 4-layer tiny backbone, so that every layer-wise option fits (rank-2 IDPG layer biases need L - 1 > 2)."""
+    return tiny_backbones(layers=4)
+
+
+@pytest.fixture(scope="session")
+def method_files(tmp_path_factory, tiny4):
+    """Files a method may need, by option name (``build_record`` hands each to the models that take it)."""
+    import torch
+
+    words = [w for w in tiny4.dictionary.symbols if w.isalpha()][:200]
+    # GloVe's text format; 12 = 4 x 3 for the PHM n = 4 of the GloVe preset
+    glove = tmp_path_factory.mktemp("method_files") / "glove.12d.txt"
+    g = torch.Generator().manual_seed(0)
+    glove.write_text(
+        "".join(w + " " + " ".join(f"{v:.4f}" for v in torch.randn(12, generator=g).tolist()) + "\n" for w in words)
+    )
+    return {"idpg_glove_vectors": str(glove), "idpg_cache": "memory"}
+
+
+def build_record(method, backbone, files, seed):
+    """``build_tiny`` of a method record, with the ``files`` its model class takes, after ``manual_seed(seed)``."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    method.model_class.add_args(parser)
+    known = {action.dest for action in parser._actions}
+    torch.manual_seed(seed)
+    return build_tiny(backbone, method, **{k: v for k, v in files.items() if k in known})

@@ -11,12 +11,10 @@ every layer-wise option fits, e.g. rank-2 IDPG layer biases need L - 1 > 2):
   dict gives the same logits; with ``--save-trainable-only`` the state holds no frozen tensor.
 """
 
-import argparse
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import build_tiny
+from conftest import build_record
 
 from fairseq_idpg.methods import METHODS
 
@@ -25,36 +23,10 @@ TOKENS = torch.tensor([[0, 2023, 3185, 2001, 2045, 2], [0, 7592, 2088, 2, 1, 1]]
 TARGET = torch.tensor([0, 1])
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_backbones):
-    return tiny_backbones(layers=4)
-
-
-@pytest.fixture(scope="module")
-def method_files(tmp_path_factory, tiny):
-    """Files a method may need, handed to every model that takes the option (by attribute name)."""
-    folder = tmp_path_factory.mktemp("method_files")
-    words = [w for w in tiny.dictionary.symbols if w.isalpha()][:200]
-    glove = folder / "glove.12d.txt"  # GloVe's text format; 12 = 4 x 3 for the PHM n = 4 of the GloVe preset
-    g = torch.Generator().manual_seed(0)
-    glove.write_text(
-        "".join(w + " " + " ".join(f"{v:.4f}" for v in torch.randn(12, generator=g).tolist()) + "\n" for w in words)
-    )
-    return {"idpg_glove_vectors": str(glove), "idpg_cache": "memory"}
-
-
-def build(method, tiny, files, seed):
-    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    method.model_class.add_args(parser)
-    known = {action.dest for action in parser._actions}
-    torch.manual_seed(seed)
-    return build_tiny(tiny, method, **{k: v for k, v in files.items() if k in known})
-
-
 @pytest.mark.parametrize("name", FROZEN)
-def test_forward_shape_and_only_the_method_trains(name, tiny, method_files):
+def test_forward_shape_and_only_the_method_trains(name, tiny4, method_files):
     method = METHODS[name]
-    model = build(method, tiny, method_files, seed=0)
+    model = build_record(method, tiny4, method_files, seed=0)
     logits = model(TOKENS, classification_head_name="head")[0]
     assert logits.shape == (2, 2)
 
@@ -81,13 +53,13 @@ def test_forward_shape_and_only_the_method_trains(name, tiny, method_files):
 
 
 @pytest.mark.parametrize("name", FROZEN)
-def test_checkpoint_round_trips(name, tiny, method_files):
+def test_checkpoint_round_trips(name, tiny4, method_files):
     method = METHODS[name]
-    model = build(method, tiny, method_files, seed=0).eval()
+    model = build_record(method, tiny4, method_files, seed=0).eval()
     state = model.state_dict()
     assert method.options.get("save_trainable_only"), f"{name}: its checkpoints would hold the whole backbone"
     assert not (set(state) & model.frozen_names()), f"{name}: compact checkpoint holds frozen tensors"
-    other = build(method, tiny, method_files, seed=1).eval()
+    other = build_record(method, tiny4, method_files, seed=1).eval()
     with torch.no_grad():
         expected = model(TOKENS, classification_head_name="head")[0]
         assert not torch.equal(other(TOKENS, classification_head_name="head")[0], expected), "seeds gave one model"
