@@ -66,7 +66,8 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    ``checkpoint_<epoch>_<updates>.pt``, ``checkpoint<epoch>.pt``, ``checkpoint_best.pt``,
    ``checkpoint.best_*.pt``), saying so; with none, one line and exit status 2. Intact means its zip
    directory and metadata read (what truncation destroys); tensor bytes are not checked.
-   ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run.py``).
+   ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run.py``). A
+   ``checkpoint_last.pt`` that cannot be opened at all (no permission; a mocked path) is left to fairseq.
 
 10. ``one_line_errors``: fairseq-train and fairseq-validate printed every configuration error as the last
    line of a 20-40 line traceback. ``ConfigError`` (the one exception type for a user's mistake; the
@@ -446,6 +447,19 @@ def resume_checkpoint(last, suffix=""):
     return path, -updates, damage
 
 
+def _openable(path):
+    """Whether ``path`` names a file this process can open; any other path is left to fairseq as it was
+    (its own error, or what its tests mock: test_train.py's TestLoadCheckpoint patches ``os.path.join``)."""
+    try:
+        path = os.fspath(path)  # a str, never an int (open() takes a file descriptor)
+        if not isinstance(path, str) or not os.path.isfile(path):
+            return False
+        with open(path, "rb"):
+            return True
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def resume_from_intact_checkpoint(checkpoint_utils):
     """fairseq-train's resume from ``checkpoint_last.pt`` falls back to the newest intact checkpoint."""
     original = checkpoint_utils.load_checkpoint
@@ -455,7 +469,7 @@ def resume_from_intact_checkpoint(checkpoint_utils):
     def load_checkpoint(cfg, trainer, **passthrough_args):
         suffix = trainer.checkpoint_suffix or ""
         last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
-        if cfg.restore_file != "checkpoint_last.pt" or not os.path.isfile(last):
+        if cfg.restore_file != "checkpoint_last.pt" or not _openable(last):
             return original(cfg, trainer, **passthrough_args)
         path, updates, damage = resume_checkpoint(last, suffix)
         if damage is None:

@@ -309,6 +309,40 @@ def test_resume_from_damaged_last_takes_the_newest_intact_checkpoint(tmp_path, c
     assert err.endswith(f"; {size}) and no intact checkpoint is left to resume from; remove it to train from the start")
 
 
+def test_resume_leaves_a_path_it_cannot_open_to_fairseq(tmp_path, monkeypatch):
+    """Fix 9 reads checkpoint_last.pt only when it can open it; otherwise fairseq's own load_checkpoint runs
+    untouched (fairseq's test_train.py mocks ``os.path.join``, and a MagicMock would open as file descriptor 1)."""
+    from unittest.mock import MagicMock
+
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.configs import CheckpointConfig
+
+    import fairseq_idpg_compat
+
+    consulted = []
+    monkeypatch.setattr(fairseq_idpg_compat, "resume_checkpoint", lambda *a, **k: consulted.append(a))
+    joined = MagicMock()
+    monkeypatch.setattr("os.path.join", MagicMock(return_value=joined))
+    monkeypatch.setattr("os.path.isfile", MagicMock(return_value=True))
+    trainer = _Trainer()
+    checkpoint_utils.load_checkpoint(CheckpointConfig(save_dir=str(tmp_path)), trainer)
+    assert consulted == [] and trainer.loaded == [joined]  # fairseq's own choice, as without the compat
+
+
+def test_fp16_optimizer_builds_its_fp32_copy_on_the_cpu():
+    """Fix 11: the flat fp32 master copy of fp16 parameters on the CPU, keyed by their device index (None)."""
+    from fairseq.optim import FP16Optimizer
+
+    params = [torch.nn.Parameter(torch.randn(3, 2).half()), torch.nn.Parameter(torch.randn(4).half())]
+    fp32 = FP16Optimizer.build_fp32_params(argparse.Namespace(), params)
+    assert list(fp32) == [None]  # what _sync_fp16_grads_to_fp32 looks up: p.device.index
+    assert fp32[None].dtype == torch.float32 and fp32[None].device == params[0].device
+    assert torch.equal(fp32[None].data, torch.cat([p.data.reshape(-1).float() for p in params]))
+    assert torch.equal(fp32[None].grad, torch.zeros(10))
+    per_param = FP16Optimizer.build_fp32_params(argparse.Namespace(), params, flatten=False)  # bf16's choice
+    assert [p.dtype for p in per_param] == [torch.float32] * 2
+
+
 KILL_DURING_LAST_COPY = """
 import os, shutil, sys
 copyfile, calls = shutil.copyfile, []
