@@ -84,7 +84,10 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    that its gradient sync never finds). Off CUDA the flat copy is keyed by the parameters' own device (index
    None on the CPU, what the sync looks up) and lives there; on CUDA nothing changes. The copy holds exactly
    the parameters the trainer hands over (those with ``requires_grad``: a frozen backbone gets none).
-   ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` make no CUDA assumption.
+   ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` make no CUDA assumption. Where torch has no
+   CUDA, ``Trainer.train_step``'s loss-scale overflow branch (``grad_norm = torch.tensor(0.0).cuda()``)
+   crashed with the same error instead of skipping the update: its ``torch.tensor`` (the trainer's only
+   one) now gives a tensor whose ``.cuda()`` stays on the CPU.
 
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
@@ -587,12 +590,38 @@ def fp16_optimizer_on_any_device(fp16_optimizer):
     mixin.build_fp32_params = classmethod(build_fp32_params)
 
 
+def trainer_overflow_without_cuda(trainer):
+    """Where torch has no CUDA, ``fairseq.trainer``'s ``torch.tensor(0.0).cuda()`` (the grad norm of an
+    update skipped for a loss-scale overflow) stays on the CPU; with CUDA nothing changes."""
+    import types
+
+    import torch
+
+    if torch.cuda.is_available() or type(trainer.torch).__name__ == "_TorchForTrainer":
+        return
+
+    class _HostTensor(torch.Tensor):
+        def cuda(self, *args, **kwargs):
+            return self.as_subclass(torch.Tensor)
+
+    class _TorchForTrainer(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def tensor(*args, **kwargs):
+            return torch.tensor(*args, **kwargs).as_subclass(_HostTensor)
+
+    trainer.torch = _TorchForTrainer("torch")
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
     "fairseq.optim.fp16_optimizer": fp16_optimizer_on_any_device,
+    "fairseq.trainer": trainer_overflow_without_cuda,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.train": lambda module: one_line_errors(module, "fairseq-train"),
     "fairseq_cli.validate": _patch_validate,

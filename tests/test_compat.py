@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -360,15 +361,10 @@ cli_main()
 """
 
 
-@pytest.mark.slow
-def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_path, tiny):
-    """fairseq-train (tiny backbone, 6 updates, saves at 2, 4, 6) is killed half-way through copying
-    checkpoint_last.pt at update 4: checkpoint_last.pt is still the whole update-2 file. Truncated by hand
-    (what stock fairseq's plain copy left), the same command names it, resumes from checkpoint_1_4.pt and
-    ends at update 6 (resuming itself is bit-exact: tests/test_run.py)."""
+def _tiny_sst2(tmp_path, tiny):
+    """(binarized SST-2-like data of 40 sentences, the fairseq size flags of ``tiny``) for fairseq-train."""
     from fairseq_idpg.preprocessing import prepare
     from fairseq_idpg.run import model_dims
-    from fairseq_idpg_compat import checkpoint_num_updates
 
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -377,7 +373,18 @@ def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_
     (raw / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:8]) + "\n")
     data = tmp_path / "bin"
     prepare("SST-2", raw, data, bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), workers=1)
-    dims = [str(x) for kv in model_dims(tiny.model_file).items() for x in kv]
+    return data, [str(x) for kv in model_dims(tiny.model_file).items() for x in kv]
+
+
+@pytest.mark.slow
+def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_path, tiny):
+    """fairseq-train (tiny backbone, 6 updates, saves at 2, 4, 6) is killed half-way through copying
+    checkpoint_last.pt at update 4: checkpoint_last.pt is still the whole update-2 file. Truncated by hand
+    (what stock fairseq's plain copy left), the same command names it, resumes from checkpoint_1_4.pt and
+    ends at update 6 (resuming itself is bit-exact: tests/test_run.py)."""
+    from fairseq_idpg_compat import checkpoint_num_updates
+
+    data, dims = _tiny_sst2(tmp_path, tiny)
 
     def train(save, code=None):
         # fmt: off
@@ -411,3 +418,29 @@ def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_
     assert "num_updates=5" in log and "num_updates=3" not in log  # it went on from update 4
     assert sorted(p.name for p in save.iterdir()) == ["checkpoint_1_6.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
     assert checkpoint_num_updates(last) == 6  # and the leftover temporary was replaced by the next copy
+
+
+def test_fp16_training_on_the_cpu_skips_overflowing_updates(tmp_path, tiny):
+    """Fix 11 in fairseq-train: ``--cpu --fp16`` (M-IDPG-PHM, frozen tiny backbone) with a loss scale of 2^40
+    overflows, skips those updates halving the scale, then makes its 3 updates (it crashed on ``.cuda()``)."""
+    data, dims = _tiny_sst2(tmp_path, tiny)
+    # fmt: off
+    args = [str(data), "--user-dir", str(Path(__file__).resolve().parents[1] / "fairseq_idpg"),
+            "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
+            "--arch", "roberta_idpg", "--idpg-preset", "m-idpg-phm", "--idpg-cache", "memory", *dims,
+            "--backbone", str(tiny.model_file), "--init-token", "0", "--separator-token", "2",
+            "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "4", "--max-update", "3", "--cpu",
+            "--fp16", "--fp16-init-scale", str(2**40), "--no-save", "--disable-validation", "--seed", "1",
+            "--num-workers", "0", "--log-format", "simple", "--log-interval", "1"]
+    # fmt: on
+    out = subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.train", *args], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    scales = [
+        float(x)
+        for x in re.findall(r"gradient overflow detected, ignoring gradient, setting loss scale to: (\S+)", log)
+    ]
+    assert scales and scales[0] == 2.0**39 and all(b == a / 2 for a, b in zip(scales, scales[1:]))
+    assert "num_updates 3 " in log and f"loss_scale {scales[-1]:g} " in log
