@@ -53,12 +53,13 @@ setup(
         "sacrebleu>=1.4.12",
         "tokenizers>=0.13",  # WordPiece for BERT-derived encoders (the offline stand-in)
         "safetensors",
+        "filelock",  # one build of the stand-in when runs start at once
         "pyyaml",  # sweep specifications, the published tables (fairseq_idpg/published/*.yaml)
         "submitit",  # sweeps on Slurm (fairseq_idpg/sweep.py --executor slurm)
         "pandas",  # python -m fairseq_idpg.results
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],
     package_data={"fairseq_idpg": ["published/*.yaml"]},
-    extras_require={"test": ["pytest", "transformers", "ruff==0.17.6"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "transformers", "ruff==0.17.6"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

@@ -538,13 +538,24 @@ def lr_and_batch(request, method, recipe):
         raise RunError(str(e)) from None
 
 
+def standin_lock(folder):
+    """A lock beside the stand-in's folder: two runs started at once on a fresh machine (a sweep's first
+    slots, test workers) build it once, the second finding it up to date."""
+    from filelock import FileLock
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(folder.parent / f".{folder.name}.lock"))
+
+
 def find_backbone(request):
     """The model's folder and encoder sizes (the stand-in is built when missing; a dry run of roberta.*
     uses the known sizes)."""
     mdir, dry = model_dir(request.model), request.dry_run
     if request.model == "standin" and not (mdir / "model.pt").exists() and not dry:
         os.environ.setdefault("PYTHON", sys.executable)  # the script's Python: this one
-        call(["bash", REPO / "scripts" / "build_standin.sh", mdir])
+        with standin_lock(mdir):
+            call(["bash", REPO / "scripts" / "build_standin.sh", mdir])
     present = (mdir / "model.pt").is_file() and (mdir / "dict.txt").is_file()
     if present:
         dims = model_dims(mdir / "model.pt")

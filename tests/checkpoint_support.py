@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from conftest import REPO, STANDIN  # noqa: F401 (re-exported to the test files)
 
 from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY
 
-REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "models" / "minilm-l6-fairseq"
 TOKENS = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])  # one padded row
 TARGET = torch.tensor([0, 1])
 HEAD = "sentence_classification_head"  # the head fairseq-train registers (--classification-head-name)

@@ -14,13 +14,16 @@ the meta device, so a model is built the same way in tests, counts, benchmarks a
 
 import itertools
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared next to the checkout (CI has it too)
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"  # ../shared next to the checkout (CI has it too)
+STANDIN = REPO / "models" / "minilm-l6-fairseq"  # where run.sh keeps the offline stand-in
 
 # Scripts and console entry points started by the tests run on this interpreter (the scripts read
 # $PYTHON; fairseq-validate & co. are found beside it), not on whatever python3 is first on PATH.
@@ -34,6 +37,21 @@ def shared_data() -> Path:
     if not (SHARED / "data").is_dir():
         pytest.skip(f"{SHARED / 'data'} not found (the real task data lives beside the checkout)")
     return SHARED / "data"
+
+
+@pytest.fixture(scope="session")
+def standin_model() -> Path:
+    """The offline stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa format, not RoBERTa) at
+    ``models/minilm-l6-fairseq``, built here when missing or stale, so that no test depends on another
+    (or on scripts/install.sh) having built it. build_standin.sh is idempotent and run.py holds the same
+    lock around it, so test processes (pytest-xdist workers, run.sh children) never build it twice at once."""
+    from fairseq_idpg.run import standin_lock
+
+    with standin_lock(STANDIN):
+        built = subprocess.run(["bash", str(REPO / "scripts" / "build_standin.sh"), str(STANDIN)], capture_output=True)
+    if built.returncode:
+        pytest.fail("scripts/build_standin.sh failed: " + built.stderr.decode(errors="replace")[-2000:])
+    return STANDIN
 
 
 @pytest.fixture(scope="session")
@@ -160,3 +178,18 @@ def build_record(method, backbone, files, seed):
     known = {action.dest for action in parser._actions}
     torch.manual_seed(seed)
     return build_tiny(backbone, method, **{k: v for k, v in files.items() if k in known})
+
+
+def tiny_sst2(tmp_path, tiny):
+    """(binarized SST-2-like data of 40 sentences, the fairseq size flags of ``tiny``) for fairseq-train."""
+    from fairseq_idpg.preprocessing import prepare
+    from fairseq_idpg.run import model_dims
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rows = [f"sentence number {i} is {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(40)]
+    (raw / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (raw / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:8]) + "\n")
+    data = tmp_path / "bin"
+    prepare("SST-2", raw, data, bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), workers=1)
+    return data, [str(x) for kv in model_dims(tiny.model_file).items() for x in kv]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_sst2
 
 
 def run_python(code):
@@ -361,21 +362,6 @@ cli_main()
 """
 
 
-def _tiny_sst2(tmp_path, tiny):
-    """(binarized SST-2-like data of 40 sentences, the fairseq size flags of ``tiny``) for fairseq-train."""
-    from fairseq_idpg.preprocessing import prepare
-    from fairseq_idpg.run import model_dims
-
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    rows = [f"sentence number {i} is {'good' if i % 2 else 'bad'}\t{i % 2}" for i in range(40)]
-    (raw / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    (raw / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:8]) + "\n")
-    data = tmp_path / "bin"
-    prepare("SST-2", raw, data, bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), workers=1)
-    return data, [str(x) for kv in model_dims(tiny.model_file).items() for x in kv]
-
-
 @pytest.mark.slow
 def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_path, tiny):
     """fairseq-train (tiny backbone, 6 updates, saves at 2, 4, 6) is killed half-way through copying
@@ -384,7 +370,7 @@ def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_
     ends at update 6 (resuming itself is bit-exact: tests/test_run.py)."""
     from fairseq_idpg_compat import checkpoint_num_updates
 
-    data, dims = _tiny_sst2(tmp_path, tiny)
+    data, dims = tiny_sst2(tmp_path, tiny)
 
     def train(save, code=None):
         # fmt: off
@@ -423,7 +409,7 @@ def test_killed_during_checkpoint_copy_then_resumed_from_intact_checkpoints(tmp_
 def test_fp16_training_on_the_cpu_skips_overflowing_updates(tmp_path, tiny):
     """Fix 11 in fairseq-train: ``--cpu --fp16`` (M-IDPG-PHM, frozen tiny backbone) with a loss scale of 2^40
     overflows, skips those updates halving the scale, then makes its 3 updates (it crashed on ``.cuda()``)."""
-    data, dims = _tiny_sst2(tmp_path, tiny)
+    data, dims = tiny_sst2(tmp_path, tiny)
     # fmt: off
     args = [str(data), "--user-dir", str(Path(__file__).resolve().parents[1] / "fairseq_idpg"),
             "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",

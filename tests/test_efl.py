@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny
+from conftest import STANDIN, build_tiny
 
 from fairseq_idpg.data.label_descriptions import DESCRIPTIONS, Hypotheses, hypotheses_for
 from fairseq_idpg.modules.entailment_head import EntailmentHead, install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 
 REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "models" / "minilm-l6-fairseq"
 IT_WAS_GREAT = [2008, 2000, 2306]  # "it was great" in the stand-in's dictionary (WordPiece, uncased)
 
 
@@ -50,12 +49,12 @@ def first_examples(task, split, n):
 
 
 @pytest.fixture(scope="module")
-def cr(shared_data, tmp_path_factory):
+def cr(shared_data, standin_model, tmp_path_factory):
     return prepare("CR", shared_data / "lmbff" / "cr", tmp_path_factory.mktemp("efl") / "CR")
 
 
 @pytest.fixture(scope="module")
-def rte(shared_data, tmp_path_factory):
+def rte(shared_data, standin_model, tmp_path_factory):
     return prepare("RTE", shared_data / "glue" / "RTE", tmp_path_factory.mktemp("efl") / "RTE")
 
 
@@ -194,7 +193,7 @@ def test_descriptions_cover_the_classification_tasks():
         Hypotheses("description", ("a", "b")).check(3)
 
 
-def test_sts_b_is_refused_in_one_line(shared_data, tmp_path):
+def test_sts_b_is_refused_in_one_line(shared_data, standin_model, tmp_path):
     data = prepare("STS-B", shared_data / "glue" / "STS-B", tmp_path / "STS-B")
     with pytest.raises(ValueError) as e:
         efl_task(data, regression_target=True, num_classes=1)
@@ -209,7 +208,7 @@ VALID_ACCURACY = (r'"valid_accuracy": "([0-9.]+)"', r"valid on 'valid' subset \|
 
 
 @pytest.mark.slow
-def test_efl_trains_on_the_standin_sst2(tmp_path, shared_data):
+def test_efl_trains_on_the_standin_sst2(tmp_path, shared_data, standin_model):
     """scripts/run.sh SST-2 --method efl on the stand-in (not MNLI-tuned: EFL starts from the stand-in
     itself, with a fresh entailment head) learns above chance, and fairseq-validate on checkpoint_best.pt
     (results.json) reports the dev accuracy fairseq-train's validation selected it with."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import STANDIN
 
 from fairseq_idpg.logs import validate_scores, validations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def work_dir(tmp_path_factory, shared_data):
+def work_dir(tmp_path_factory, shared_data, standin_model):
     return tmp_path_factory.mktemp("e2e")
 
 
@@ -51,10 +52,6 @@ def prepared(task, work_dir):
     """The stand-in's prepared data of ``task`` (as run.sh writes it), made if missing."""
     data = work_dir / "data-bin" / "standin" / task
     if not (data / "task.json").exists():
-        standin = REPO / "models" / "minilm-l6-fairseq"
-        subprocess.run(
-            ["bash", str(REPO / "scripts" / "build_standin.sh"), str(standin)], check=True, capture_output=True
-        )
         from fairseq_idpg.run import raw_dir
 
         cmd = [
@@ -68,7 +65,7 @@ def prepared(task, work_dir):
             "--bpe",
             "wordpiece",
             "--vocab",
-            str(standin / "vocab.txt"),
+            str(STANDIN / "vocab.txt"),
         ]
         subprocess.run(cmd, check=True, capture_output=True)
     return data

@@ -10,18 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import STANDIN
 
 from fairseq_idpg.logs import validations
 from fairseq_idpg.run import find_runs
 
 REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "models" / "minilm-l6-fairseq"
 
 
 @pytest.mark.slow
-def test_m_idpg_phm_trains_scores_and_predicts(shared_data, tmp_path):
-    if not (STANDIN / "model.pt").is_file():
-        pytest.skip("the stand-in is built by scripts/install.sh (scripts/build_standin.sh)")
+def test_m_idpg_phm_trains_scores_and_predicts(shared_data, standin_model, tmp_path):
     raw = tmp_path / "RTE"
     raw.mkdir()
     for name, rows in (("train.tsv", 64), ("dev.tsv", 40)):

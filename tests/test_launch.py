@@ -1,10 +1,16 @@
 """The multi-device launcher keeps the effective batch."""
 
 import re
+import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
+from conftest import tiny_sst2
 
 from fairseq_idpg.launch import build_command, layout, main, update_freq_for
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("nproc,batch,freq", [(1, 32, 1), (1, 8, 4), (2, 8, 2), (4, 8, 1)])
@@ -73,3 +79,45 @@ def test_launcher_accumulates_on_a_small_device(capsys):
     cmd = capsys.readouterr().out.split()
     assert cmd[cmd.index("--batch-size") + 1] == "8" and cmd[cmd.index("--update-freq") + 1] == "4"
     assert cmd[cmd.index("--max-tokens") + 1] == "999"
+
+
+def readme_train_command():
+    """The README's hand-written scripts/train.sh command, as a list of words."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index("scripts/train.sh --nproc")
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(lines))
+
+
+@pytest.mark.slow
+def test_readme_train_command_resumes_when_run_again(tmp_path, tiny):
+    """The README's scripts/train.sh command, on a tiny backbone and 1 CPU worker, run twice: the second run
+    goes on from the first one's checkpoint_last.pt (update 2), not from the pretrained model again (an
+    explicit --restore-file did that; --finetune-from-model is read only while the save dir has no checkpoint)."""
+    data, dims = tiny_sst2(tmp_path, tiny)
+    words = readme_train_command()
+    assert "--finetune-from-model" in words and "--restore-file" not in words
+    swap = {"data-bin/RTE": str(data), "models/roberta.large/model.pt": str(tiny.model_file),
+            "checkpoints/RTE": str(tmp_path / "save"), "roberta_large": "roberta", "4": "1"}  # fmt: skip
+    words = [swap.get(w, w) for w in words[1:]]  # "4": --nproc 4 -> 1 CPU worker
+    words[words.index("--max-update") + 1] = "{updates}"
+    tiny_flags = [*dims, "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "1"]
+
+    def train(updates):
+        cmd = ["bash", str(REPO / "scripts" / "train.sh"), *[w.format(updates=updates) for w in words], *tiny_flags]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, cwd=REPO
+        )  # as the README: from the checkout
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        return out.stdout + out.stderr
+
+    first = train(2)
+    assert f"loading pretrained model from {tiny.model_file}" in first and "num_updates=2" in first
+    again = train(3)
+    last = tmp_path / "save" / "checkpoint_last.pt"
+    assert re.search(rf"[Ll]oaded checkpoint {re.escape(str(last))} \(epoch \d+ @ 2 updates\)", again), again[-3000:]
+    assert "loading pretrained model" not in again and "num_updates=3" in again
