@@ -1,0 +1,5 @@
+import sys
+
+from fairseq_idpg.check_gpu.cli import main
+
+sys.exit(main())
