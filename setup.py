@@ -60,6 +60,7 @@ setup(
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],
     package_data={"fairseq_idpg": ["published/*.yaml"]},
-    extras_require={"test": ["pytest", "pytest-xdist", "transformers", "ruff==0.17.6"]},
+    # peft: scripts/check_gpu.sh times our LoRA / prompt tuning against Hugging Face PEFT's
+    extras_require={"test": ["pytest", "pytest-xdist", "transformers", "peft", "ruff==0.17.6"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

@@ -79,7 +79,9 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
     if cpu and not has_flag(args, "--cpu"):
         args.append("--cpu")
     if nproc == 1:
-        return [python, "-m", "fairseq_cli.train"] + args
+        # fairseq's default world size is every visible GPU: on a machine with several, one process
+        # would spawn one per GPU, each with --batch-size, and the effective batch would multiply
+        return [python, "-m", "fairseq_cli.train"] + args + ["--distributed-world-size", "1"]
     if not has_flag(args, "--distributed-backend"):
         args += ["--distributed-backend", "gloo" if cpu else "nccl"]
     if not has_flag(args, "--ddp-backend"):

@@ -41,6 +41,14 @@ def test_cpu_multi_worker_uses_torchrun_gloo_legacy_ddp():
     assert "--cpu" in tail
 
 
+def test_one_process_stays_one_on_a_machine_with_several_gpus():
+    """fairseq-train's default --distributed-world-size is the number of visible GPUs (it would spawn one
+    process per GPU, each with the per-device batch): one process is pinned to a world of 1."""
+    cmd = build_command(["data"], nproc=1, total_batch=32, batch_size=16, cpu=False, python="py")
+    assert cmd[:3] == ["py", "-m", "fairseq_cli.train"]
+    assert cmd[cmd.index("--distributed-world-size") + 1] == "1" and cmd[cmd.index("--update-freq") + 1] == "2"
+
+
 def test_launcher_owns_batch_flags():
     with pytest.raises(ValueError, match="--update-freq is set by the launcher"):
         build_command(["data", "--update-freq", "2"], nproc=1, total_batch=8, batch_size=8, cpu=True)

@@ -100,8 +100,8 @@ def launcher_command(setup, name, precision="fp32", nproc=1, update_freq=1, save
 
 
 def fairseq_train_argv(launcher, cpu):
-    """The fairseq-train arguments of a one-process launcher command (``launch.build_command``'s), pinned to
-    one device: fairseq's default world size is every visible GPU."""
+    """The fairseq-train arguments of a one-process launcher command (``launch.build_command``'s: one
+    process, pinned to a world of 1)."""
     from fairseq_idpg.launch import build_command
 
     split = launcher.index("--")
@@ -109,7 +109,7 @@ def fairseq_train_argv(launcher, cpu):
     value = lambda flag: int(ours[ours.index(flag) + 1])  # noqa: E731
     assert value("--nproc") == 1, "fairseq_train_argv is for one process"
     cmd = build_command(train_args, 1, value("--total-batch"), value("--batch-size"), cpu=cpu)
-    return cmd[3:] + ["--distributed-world-size", "1"]  # after [python, -m, fairseq_cli.train]
+    return cmd[3:]  # after [python, -m, fairseq_cli.train]
 
 
 def train_in_process(argv, log):
