@@ -82,6 +82,17 @@ def test_bad_flags_are_refused_in_one_line(capsys):
     )
 
 
+def test_a_missing_model_is_refused_in_one_line(tmp_path, capsys):
+    from fairseq_idpg.check_gpu.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tmp_path / "nope"), "--out", str(tmp_path / "gpu.json")])
+    assert e.value.code == 2 and not (tmp_path / "gpu.json").exists()
+    assert f"check_gpu.sh: error: --model {tmp_path / 'nope'}: {tmp_path / 'nope'}/model.pt and dict.txt not found" in (
+        capsys.readouterr().err
+    )
+
+
 # ---------------------------------------------------------------------------------------- verdicts
 def _run(losses, scales=None, error=None):
     """A RunResult whose log had these per-update losses (and fp16 loss scales)."""

@@ -56,7 +56,12 @@ def main(argv=None):
     gpus = torch.cuda.device_count() if cuda else 0
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="check_gpu."))
     work.mkdir(parents=True, exist_ok=True)
-    model_dir, model = find_model(args, cuda, work)
+    try:
+        model_dir, model = find_model(args, cuda, work)
+    except SystemExit:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
     batch, tokens, updates = (
         given if given is not None else default
         for given, default in zip((args.batch_size, args.tokens, args.updates), GPU_SHAPES if cuda else CPU_SHAPES)
@@ -65,7 +70,8 @@ def main(argv=None):
     from fairseq_idpg.check_gpu.timing import device_name
 
     report = Report(device_name(device) or "cpu", torch.__version__, torch.version.cuda, model)
-    print(f"GPU check: {report.device}, torch {report.torch}, CUDA {report.cuda}; model {model} ({model_dir})")
+    where = f" ({model_dir})" if str(model_dir) != model else ""
+    print(f"GPU check: {report.device}, torch {report.torch}, CUDA {report.cuda}; model {model}{where}")
     print(f"  batch {batch} x {tokens} tokens, {updates} updates per run; work folder {work}", flush=True)
     if not cuda:
         print("  no CUDA device: the runs use --cpu at this size (fp16/bf16 on the CPU: compat fix 11); "
@@ -105,7 +111,8 @@ def find_model(args, cuda, work):
     try:
         backbone = find_backbone(RunConfig("SST-2", model=name))
     except RunError as e:
-        sys.exit(f"check_gpu.sh: error: {e}")
+        print(f"check_gpu.sh: error: {e}", file=sys.stderr)
+        sys.exit(2)
     return Path(backbone.dir), name
 
 
