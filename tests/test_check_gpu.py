@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fairseq_idpg.check_gpu.report import Check, Report, Timing
-from fairseq_idpg.check_gpu.training import MIN_SANE_LOSS_SCALE, RunResult, compare_tensors, judge
+from fairseq_idpg.check_gpu.training import MIN_SANE_LOSS_SCALE, RunResult, compare_tensors, describe_error, judge
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {"device", "torch", "cuda", "model", "checks", "seconds_per_update", "passed"}
@@ -115,6 +115,18 @@ def test_judge_passes_a_sane_run_and_fails_each_kind_of_insane_one():
     assert status == "fail" and detail.startswith("loss scale 0.5 < 1 after 3 updates")
     assert judge(_run([1.0, 0.9]), "fp16", 3)[1].startswith("2 of 3 updates logged")
     assert judge(_run([], error="exit status 1: boom"), "fp16", 3) == ("fail", "exit status 1: boom (log: run.log)")
+
+
+def test_a_failed_run_is_described_by_the_exception_that_started_it():
+    """fairseq's NanDetector, run after a FloatingPointError, may end in an empty exception of its own."""
+    try:
+        try:
+            raise FloatingPointError("gradients are Nan/Inf")
+        except FloatingPointError:
+            raise StopIteration  # noqa: B904
+    except StopIteration as e:
+        assert describe_error(e) == "FloatingPointError: gradients are Nan/Inf (then StopIteration)"
+    assert describe_error(ValueError("bad")) == "ValueError: bad"
 
 
 def test_compare_tensors_states_the_largest_difference():

@@ -206,6 +206,7 @@ def timings(report, setup, device, args, batch, tokens):
         report.add(Check(name, "skip", "peft is not installed (pip install peft)"))
         return
     from fairseq_idpg.check_gpu.timing import SAME_WEIGHTS_ATOL, compare, load_backbone, ratios, same_weights_gap
+    from fairseq_idpg.check_gpu.training import describe_error
 
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -221,6 +222,9 @@ def timings(report, setup, device, args, batch, tokens):
             p for p in args.precisions if p != "bf16" or device.type == "cpu" or torch.cuda.is_bf16_supported()
         ]
         times, skipped = compare(setup.model, device, precisions, batch, tokens)
+    except Exception as e:  # noqa: BLE001  (out of memory, a PEFT API change: a finding, not a crash)
+        report.add(Check(name, "fail", describe_error(e)))
+        return
     finally:
         torch.set_num_threads(threads)
     for t in times:
