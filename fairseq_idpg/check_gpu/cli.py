@@ -7,6 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fairseq_idpg import check_gpu
 from fairseq_idpg.check_gpu import DEFAULT_OUT, DISTRIBUTED_ATOL, DISTRIBUTED_RTOL
 from fairseq_idpg.check_gpu.report import Check, Report, Timing
 from fairseq_idpg.check_gpu.training import DISTRIBUTED_METHOD, FAMILIES, NO_DROPOUT, PRECISION_FLAGS
@@ -17,7 +18,7 @@ TINY = dict(layers=2, dim=32, heads=4, ffn=64)  # the CPU's backbone when no --m
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="scripts/check_gpu.sh", description=__import__("fairseq_idpg.check_gpu").__doc__,
+    p = argparse.ArgumentParser(prog="scripts/check_gpu.sh", description=check_gpu.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--model", help="standin, roberta.base, roberta.large or a folder with model.pt "
                    "(default: roberta.large on a GPU, a tiny random RoBERTa on the CPU)")  # fmt: skip
