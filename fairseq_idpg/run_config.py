@@ -19,6 +19,7 @@ plus the code that reads it.
 
 import argparse
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,17 @@ def canonical_task(name):
         if task.lower() == name.lower():
             return task
     raise RunError(f"unknown task {name!r}; valid: {', '.join(GLUE_TASKS + list(LMBFF_TASKS))}")
+
+
+@functools.cache
+def _flag_fields(cls):
+    """RunConfig.options, resolved once per class: a sweep asks it for each of its thousands of runs (the type
+    hints alone took 5 of the 14 s of table1's dry run)."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.metadata]
+    return tuple(
+        (f, next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])) for f in fields
+    )
 
 
 # fmt: off
@@ -109,11 +121,7 @@ class RunConfig:
     @classmethod
     def options(cls):
         """The fields that are flags, with their type (``Optional[X]`` -> X)."""
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.metadata:
-                kind = hints[f.name]
-                yield f, next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        return _flag_fields(cls)
 
     @classmethod
     def parser(cls, description=None, epilog=None, defaults=None):

@@ -619,6 +619,12 @@ def parse_args(argv):
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan (every run, its budget, the count); run nothing"
     )
+    p.add_argument(
+        "--timings",
+        metavar="FILE",
+        help="seconds per update for the plan's estimate: scripts/check_gpu.sh's "
+        "file (default: gpu-check/timings.json when present, then docs/data/seconds_per_update_cpu.csv)",
+    )
     g = p.add_argument_group("narrow or override the specification")
     g.add_argument("--tasks", help="comma-separated tasks of the specification to run")
     g.add_argument("--methods", help="comma-separated labels (or method names) to run")
@@ -666,6 +672,11 @@ def main(argv=None):
 
 
 def sweep(opts):
+    from fairseq_idpg import sweep_estimate as estimate
+
+    slots = local_slots(opts.jobs, opts.runs_per_gpu, opts.threads) if opts.executor == "local" else None
+    parallel, device, where = estimate.parallelism(opts, slots)
+    measured = estimate.sources(opts.timings, device)  # a bad --timings file: one line before anything runs
     try:
         seeds = split(opts.seeds, int)
     except ValueError:
@@ -695,6 +706,7 @@ def sweep(opts):
         print(f"{len(plans)} runs, {len(finished)} finished, {len(pending)} to run; {updates:,} updates in all")
         if not all(p.complete for _, p in plans):
             print("(<hash>: known once the model file and the prepared data exist)")
+        print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
         return 0
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
