@@ -623,7 +623,7 @@ def parse_args(argv):
         "--timings",
         metavar="FILE",
         help="seconds per update for the plan's estimate: scripts/check_gpu.sh's "
-        "file (default: gpu-check/timings.json when present, then docs/data/seconds_per_update_cpu.csv)",
+        "file (default: checkpoints/gpu_check.json when present, then docs/data/seconds_per_update_cpu.csv)",
     )
     g = p.add_argument_group("narrow or override the specification")
     g.add_argument("--tasks", help="comma-separated tasks of the specification to run")

@@ -14,7 +14,9 @@ Where the seconds per update come from, first found wins:
 
 1. the GPU check's timings file (``scripts/check_gpu.sh`` writes it): ``--timings FILE``, else
    ``TIMINGS`` when present; JSON ``{"device", "model", "seconds_per_update": [{"method",
-   "precision", "batch_size", "tokens_per_sample", "seconds"}]}``, for the machine it ran on;
+   "precision", "batch_size", "tokens_per_sample", "seconds"}]}``, for the machine it ran on (its
+   ``step:NAME`` and ``peft:NAME`` entries, one process's loop against PEFT, are not fairseq-train's
+   updates: no run matches them);
 2. the committed table ``TABLE`` (docs/data/seconds_per_update_cpu.csv: measured CPU seconds per
    update by device and model), its rows of the sweep's kind of device (CPU or GPU) only.
 
@@ -35,7 +37,7 @@ from typing import Optional
 from fairseq_idpg.run import REPO, format_duration
 from fairseq_idpg.sweep import SweepError
 
-TIMINGS = REPO / "gpu-check" / "timings.json"  # scripts/check_gpu.sh's file, read when present
+TIMINGS = REPO / "checkpoints" / "gpu_check.json"  # scripts/check_gpu.sh's default --out, read when present
 TABLE = REPO / "docs" / "data" / "seconds_per_update_cpu.csv"
 ENTRY_KEYS = ("method", "precision", "batch_size", "tokens_per_sample", "seconds")
 TIMINGS_SHAPE = (
@@ -73,7 +75,8 @@ def device_kind(name):
 
 
 def family(method):
-    """The methods that share ``method``'s architecture (None for a name that is no record)."""
+    """``method``'s family: its record's architecture, shared by the records it can stand in for (None for
+    a name that is no record)."""
     from fairseq_idpg.methods import METHODS
 
     return METHODS[method].arch if method in METHODS else None
@@ -276,7 +279,8 @@ def report(rows, slots, where):
     unmeasured = sum(r.runs for r in rows if r.seconds is None)
     runs, updates = sum(r.runs for r in rows), sum(r.updates for r in rows)
     note = f"  ({unmeasured:,} runs without a measurement: not counted)" if unmeasured else ""
-    lines.append(f"  {'total':24} {runs:>6,} {updates:>13,} {hours(total):>13}{note}")
+    shown = hours(total) if measured else "-"
+    lines.append(f"  {'total':24} {runs:>6,} {updates:>13,} {shown:>13}{note}")
     lines.append(wall_time(total, max((r.longest for r in measured), default=0.0), slots, where))
     unprepared = sum(r.unprepared for r in measured)
     lines.append(f"assumes: {ASSUMPTION}" + (f"; {unprepared:,} runs' data is not prepared: their tokens per "

@@ -68,7 +68,14 @@ def row(out, label):
 def test_two_methods_give_exact_device_hours_and_wall_time(tmp_path, capsys):
     # m-idpg-phm measured at the runs' batch: 0.9 s; lora by its family (roberta_blocks: inducer) at batch
     # 32: 1.2 s, so 0.6 s at batch 16; 3 runs x 1,000 updates each
-    timings = write_timings(tmp_path / "t.json", [entry("m-idpg-phm", 0.9), entry("inducer", 1.2, batch=32)])
+    # (the check's one-process loops against PEFT, step:NAME and peft:NAME, are no fairseq-train update)
+    entries = [
+        entry("m-idpg-phm", 0.9),
+        entry("inducer", 1.2, batch=32),
+        entry("step:lora", 0.1),
+        entry("peft:lora", 0.1),
+    ]
+    timings = write_timings(tmp_path / "t.json", entries)
     out = dry_run(tmp_path, capsys, TWO_METHODS, "--timings", str(timings), "--jobs", "2")
     phm, lora = row(out, "m-idpg-phm"), row(out, "lora")
     assert re.search(r"\s3\s+3,000\s+0\.75\s+", phm), phm  # 3 x 1000 x 0.9 s = 0.75 h
@@ -98,6 +105,7 @@ def test_a_model_without_a_measurement_gets_no_hours_and_the_check_to_run(tmp_pa
     for label in ("m-idpg-phm", "lora"):
         assert re.search(r"\s3\s+3,000\s+-\s+" + re.escape(message), row(out, label))
     assert "(6 runs without a measurement: not counted)" in out
+    assert re.search(r"^  total\s+6\s+6,000\s+-  \(6 runs without", out, re.M)
     assert "wall time: unknown (no run has a measurement)" in out
 
 
@@ -194,11 +202,11 @@ def test_idpg_table1_dry_run_prints_its_estimate_and_sources(tmp_path, capsys):
                                                   entry("prompt-tuning-5", 0.1, 32, precision="fp16"),
                                                   entry("lora", 0.09, 32, precision="bf16"),
                                                   entry("finetune", 0.3, 32, precision="fp16")],
-                            device="NVIDIA H100 80GB HBM3")  # fmt: skip
+                            device="NVIDIA H100 (made-up figures)")  # fmt: skip
     out = dry_run(tmp_path, capsys, REPO / "examples" / "idpg" / "table1.yaml", "--timings", str(timings))
     assert re.search(r"^  total\s+1,800\s+51,706,495\s+1,336\.81$", out, re.M)
     assert re.search(r"\s200\s+5,787,000\s+152\.28\s+", row(out, "m-idpg-phm"))
-    assert "NVIDIA H100 80GB HBM3, roberta.large, bf16 (run: fp16), lora (family roberta_blocks)" in row(
+    assert "NVIDIA H100 (made-up figures), roberta.large, bf16 (run: fp16), lora (family roberta_blocks)" in row(
         out, "compacter"
     )
     assert "wall time at 1 parallel slot(s) (local: 1 CPU run(s)" in out and "1,336.81 h = 55.7 days" in out
