@@ -212,9 +212,15 @@ def test_idpg_table1_dry_run_prints_its_estimate_and_sources(tmp_path, capsys):
     assert "wall time at 1 parallel slot(s) (local: 1 CPU run(s)" in out and "1,336.81 h = 55.7 days" in out
 
 
-@pytest.mark.skipif(not estimate.TABLE.is_file(), reason="docs/data/seconds_per_update_cpu.csv not committed yet")
+COMMITTED_TABLE = REPO / "docs" / "data" / "seconds_per_update_cpu.csv"
+
+
+@pytest.mark.skipif(
+    not any(m.model == "roberta.large" for m in estimate.read_table(COMMITTED_TABLE)),
+    reason="docs/data/seconds_per_update_cpu.csv has no roberta.large rows yet",
+)
 def test_idpg_table1_estimate_from_the_committed_table(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(estimate, "TABLE", REPO / "docs" / "data" / "seconds_per_update_cpu.csv")
+    monkeypatch.setattr(estimate, "TABLE", COMMITTED_TABLE)
     spec = REPO / "examples" / "idpg" / "table1.yaml"
     out = dry_run(tmp_path, capsys, spec, "--tasks", "RTE", "--seeds", "1")
     assert "docs/data/seconds_per_update_cpu.csv (1 thread)" in row(out, "m-idpg-phm")
