@@ -191,26 +191,39 @@ def lookup(measured, model, method, prec, batch):
 
 @lru_cache(maxsize=None)
 def tokens_per_sample(data):
-    """Mean tokens per train example of a prepared data folder (input0 + input1, plus <s> and the
-    separator), or None when it is not prepared."""
-    parts = [Path(data) / f"input{i}" / "train" for i in (0, 1)]
-    if not Path(f"{parts[0]}.idx").is_file():
-        return None
+    """Mean tokens per train example of a prepared data folder: input0 (+ input1) as binarized, each with its
+    </s>, plus <s> (and the second </s> of a pair); None when it is not prepared."""
     from fairseq.data import indexed_dataset
 
-    tokens = 0.0
-    for part in parts:
-        if Path(f"{part}.idx").is_file():
-            dataset = indexed_dataset.MMapIndexedDataset(
-                str(part)
-            )  # alive while its sizes (a view of its file) are read
-            tokens += float(dataset.sizes.mean()) + 1
-    return tokens
+    parts = [Path(data) / f"input{i}" / "train" for i in (0, 1)]
+    parts = [p for p in parts if Path(f"{p}.idx").is_file()]
+    # each dataset is kept while its sizes, a view of its memory-mapped file, are read
+    datasets = [indexed_dataset.MMapIndexedDataset(str(p)) for p in parts]
+    return sum(float(d.sizes.mean()) + 1 for d in datasets) if datasets else None
+
+
+def run_seconds(run, p, model, found, device):
+    """(seconds, where they come from, whether the run's own tokens per sample were known) of one planned
+    run, or None when no source has a measurement for it."""
+    prec, batch = precision(run.config), p.config["batch"]
+    hit = next(filter(None, (lookup(ms, model, run.method, prec, batch) for ms in found)), None)
+    if hit is None:
+        return None
+    m, how = hit
+    tokens = tokens_per_sample(str(p.data))
+    per_update = m.seconds * batch * (tokens or m.tokens_per_sample) / m.tokens  # linear in an update's tokens
+    prec_note = m.precision if m.precision == prec else f"{m.precision} (run: {prec})"
+    other = "" if device_kind(m.device) == device_kind(device) else f" (this sweep: {device})"
+    source = (f"{m.source}: {m.device}, {m.model}, {prec_note}, {how} at batch {m.batch_size} x "
+              f"{m.tokens_per_sample} tokens = {m.seconds:.4g} s/update{other}")  # fmt: skip
+    return p.config["updates"] * per_update, source, tokens is not None
 
 
 # ---------------------------------------------------------------------------------------- the estimate
 @dataclass
 class Row:
+    """One label's (a table row's) runs to run."""
+
     label: str
     runs: int = 0
     updates: int = 0
@@ -221,30 +234,22 @@ class Row:
 
 
 def estimate(plans, model, found, device):
-    """Rows per label (the table's methods) over ``plans`` [(run, plan)], from ``found`` (``sources``)."""
+    """Rows per label over ``plans`` [(run, plan)], from ``found`` (``sources``) for runs on ``device``."""
     rows = {}
     for run, p in plans:
         row = rows.setdefault(run.label, Row(run.label))
         row.runs += 1
         row.updates += p.config["updates"]
-        prec = precision(run.config)
-        hit = next(filter(None, (lookup(ms, model, run.method, prec, p.config["batch"]) for ms in found)), None)
-        if hit is None:
+        share = run_seconds(run, p, model, found, device)
+        if share is None:  # a label's runs share model, method and precision: all or none are measured
             row.seconds = None
-            row.source = f"no measurement for model {model} on this device ({device}): run scripts/check_gpu.sh " \
-                         f"--model {model}"  # fmt: skip
-            continue
-        m, how = hit
-        tokens = tokens_per_sample(str(p.data))
-        row.unprepared += tokens is None
-        per_update = m.seconds * p.config["batch"] * (tokens or m.tokens_per_sample) / m.tokens
-        if row.seconds is not None:
-            row.seconds += p.config["updates"] * per_update
-            row.longest = max(row.longest, p.config["updates"] * per_update)
-            prec_note = m.precision if m.precision == prec else f"{m.precision} (run: {prec})"
-            other = "" if device_kind(m.device) == device_kind(device) else f" (this sweep: {device})"
-            row.source = (f"{m.source}: {m.device}, {m.model}, {prec_note}, {how} at batch {m.batch_size} x "
-                          f"{m.tokens_per_sample} tokens = {m.seconds:.4g} s/update{other}")  # fmt: skip
+            row.source = (f"no measurement for model {model} on this device ({device}): "
+                          f"run scripts/check_gpu.sh --model {model}")  # fmt: skip
+        elif row.seconds is not None:
+            seconds, row.source, own_tokens = share
+            row.seconds += seconds
+            row.longest = max(row.longest, seconds)
+            row.unprepared += not own_tokens
     return list(rows.values())
 
 
