@@ -1,7 +1,7 @@
 """A paper's table as one command: every run of a sweep specification, in parallel, on the local
 devices or a Slurm cluster; finished runs skipped, interrupted ones resumed, failures listed.
 
-    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large --dry-run   # the plan
+    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large --dry-run   # the plan, its hours
     python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large             # one run per GPU
     python -m fairseq_idpg.sweep examples/idpg/smoke.yaml --jobs 2                           # 2 CPU runs at a time
     python -m fairseq_idpg.sweep SPEC --executor slurm --partition P --gpus-per-run 1 --time 240 --mem 32
@@ -37,6 +37,10 @@ Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVI
 them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, at most
 ``--array-parallelism`` at a time) and follows it. A failed run's log tail is kept in
 ``WORK/sweeps/<name>/failures.json`` and listed at the end; the others go on.
+
+``--dry-run`` ends with the device-hours of the runs to run, per method and in all, and the wall time at the
+executor's parallel slots, from measured seconds per update (``--timings FILE``: scripts/check_gpu.sh's file;
+see fairseq_idpg/sweep_estimate.py and docs/sweeps.md).
 """
 
 import argparse
