@@ -225,3 +225,13 @@ def test_idpg_table1_estimate_from_the_committed_table(tmp_path, capsys, monkeyp
     out = dry_run(tmp_path, capsys, spec, "--tasks", "RTE", "--seeds", "1")
     assert "docs/data/seconds_per_update_cpu.csv (1 thread)" in row(out, "m-idpg-phm")
     assert re.search(r"^  total\s+36\s+[\d,]+\s+[\d,]+\.\d\d", out, re.M)
+
+
+def test_parallel_slots_of_each_executor():
+    opts = SimpleNamespace(executor="local", jobs=None, runs_per_gpu=2, threads=None)
+    slots, device, where = estimate.parallelism(opts, sweep.local_slots(runs_per_gpu=2, gpus=["0", "3"]))
+    assert (slots, estimate.device_kind(device), where) == (4, "cuda", "local: 2 GPU(s) x 2 run(s) each")
+    assert estimate.parallelism(opts, sweep.local_slots(jobs=3, threads=1, gpus=[])) == (
+        3, "cpu", "local: 3 CPU run(s), 1 thread(s) each")  # fmt: skip
+    slurm = SimpleNamespace(executor="slurm", gpus_per_run=0, array_parallelism=64)
+    assert estimate.parallelism(slurm)[:2] == (64, "cpu")
