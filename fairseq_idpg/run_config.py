@@ -19,6 +19,7 @@ plus the code that reads it.
 
 import argparse
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,27 @@ def canonical_task(name):
         if task.lower() == name.lower():
             return task
     raise RunError(f"unknown task {name!r}; valid: {', '.join(GLUE_TASKS + list(LMBFF_TASKS))}")
+
+
+@functools.cache
+def _flag_fields(cls):
+    """RunConfig.options, resolved once per class: a sweep asks it for each of its thousands of runs (the type
+    hints alone took 5 of the 14 s of table1's dry run)."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.metadata]
+    return tuple(
+        (f, next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])) for f in fields
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _flags_set(cls, argv):
+    """({field: value} of the fields that run.sh flags ``argv`` set, the other flags), parsed once per argv: a
+    sweep applies a variant's flags to each of its runs (1,800 parsers took half of table1's dry run)."""
+    unset = object()  # a default argparse leaves as it is: the fields no flag sets keep it
+    defaults = {f.name: unset for f, _ in cls.options() if f.default is not dataclasses.MISSING}
+    args, extra = cls.parser(defaults=defaults).parse_known_args(["-", *argv])
+    return {k: v for k, v in vars(args).items() if k != "task" and v is not unset}, tuple(extra)
 
 
 # fmt: off
@@ -109,11 +131,7 @@ class RunConfig:
     @classmethod
     def options(cls):
         """The fields that are flags, with their type (``Optional[X]`` -> X)."""
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.metadata:
-                kind = hints[f.name]
-                yield f, next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        return _flag_fields(cls)
 
     @classmethod
     def parser(cls, description=None, epilog=None, defaults=None):
@@ -148,9 +166,7 @@ class RunConfig:
     def with_flags(self, argv):
         """This request with run.sh flags applied (a sweep's ``args``): the last value given wins, as on
         a command line; the others are appended to ``extra_args``."""
-        given = {f.name: getattr(self, f.name) for f, _ in self.options() if f.default is not dataclasses.MISSING}
-        args, extra = self.parser(defaults=given).parse_known_args(["-", *argv])
-        changes = {k: v for k, v in vars(args).items() if k != "task"}
+        changes, extra = _flags_set(type(self), tuple(argv))
         return dataclasses.replace(self, **changes, extra_args=(*self.extra_args, *extra))
 
     def argv(self):

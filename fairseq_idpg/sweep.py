@@ -1,7 +1,7 @@
 """A paper's table as one command: every run of a sweep specification, in parallel, on the local
 devices or a Slurm cluster; finished runs skipped, interrupted ones resumed, failures listed.
 
-    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large --dry-run   # the plan
+    python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large --dry-run   # the plan, its hours
     python -m fairseq_idpg.sweep examples/idpg/table1.yaml --model roberta.large             # one run per GPU
     python -m fairseq_idpg.sweep examples/idpg/smoke.yaml --jobs 2                           # 2 CPU runs at a time
     python -m fairseq_idpg.sweep SPEC --executor slurm --partition P --gpus-per-run 1 --time 240 --mem 32
@@ -37,6 +37,10 @@ Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVI
 them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, at most
 ``--array-parallelism`` at a time) and follows it. A failed run's log tail is kept in
 ``WORK/sweeps/<name>/failures.json`` and listed at the end; the others go on.
+
+``--dry-run`` ends with the device-hours of the runs to run, per method and in all, and the wall time at the
+executor's parallel slots, from measured seconds per update (``--timings FILE``: scripts/check_gpu.sh's file;
+see fairseq_idpg/sweep_estimate.py and docs/sweeps.md).
 """
 
 import argparse
@@ -619,6 +623,12 @@ def parse_args(argv):
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan (every run, its budget, the count); run nothing"
     )
+    p.add_argument(
+        "--timings",
+        metavar="FILE",
+        help="seconds per update for the plan's estimate: scripts/check_gpu.sh's "
+        "file (default: checkpoints/gpu_check.json when present, then docs/data/seconds_per_update_cpu.csv)",
+    )
     g = p.add_argument_group("narrow or override the specification")
     g.add_argument("--tasks", help="comma-separated tasks of the specification to run")
     g.add_argument("--methods", help="comma-separated labels (or method names) to run")
@@ -666,6 +676,11 @@ def main(argv=None):
 
 
 def sweep(opts):
+    from fairseq_idpg import sweep_estimate as estimate
+
+    slots = local_slots(opts.jobs, opts.runs_per_gpu, opts.threads) if opts.executor == "local" else None
+    parallel, device, where = estimate.parallelism(opts, slots)
+    measured = estimate.sources(opts.timings, device)  # a bad --timings file: one line before anything runs
     try:
         seeds = split(opts.seeds, int)
     except ValueError:
@@ -695,6 +710,7 @@ def sweep(opts):
         print(f"{len(plans)} runs, {len(finished)} finished, {len(pending)} to run; {updates:,} updates in all")
         if not all(p.complete for _, p in plans):
             print("(<hash>: known once the model file and the prepared data exist)")
+        print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
         return 0
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
