@@ -118,8 +118,8 @@ class RunConfig:
                                         "devices", check=POSITIVE)
     max_tokens: Optional[int] = option(None, "also cap a per-device batch at N tokens (passed to fairseq)",
                                        "devices", check=POSITIVE)
-    fp16: bool = option(False, "mixed precision (CUDA)", "devices")
-    bf16: bool = option(False, "bf16 mixed precision (CUDA, Ampere or newer)", "devices",
+    fp16: bool = option(False, "fp16 mixed precision (CUDA; the CPU too, slowly)", "devices")
+    bf16: bool = option(False, "bf16 mixed precision (CUDA: Ampere or newer; the CPU too, slowly)", "devices",
                         excludes=("fp16", "one mixed precision at a time"), config=True)
     work_dir: str = option(str(REPO), "where data-bin/ and checkpoints/ go (default: the checkout)", "run")
     restart: bool = option(False, "remove this configuration's folder and train again", "run")

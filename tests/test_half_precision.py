@@ -1,4 +1,4 @@
-"""fp16, memory-efficient fp16 and bf16 training of every frozen-backbone method record on the CPU.
+"""fp16, memory-efficient fp16 and bf16 training of every method record on the CPU.
 
 What fairseq-train does with ``--fp16`` / ``--memory-efficient-fp16`` / ``--bf16``, without the data
 pipeline: the model (and criterion) cast with ``half()`` / ``to(bfloat16)`` (``Trainer.__init__``), the
@@ -7,11 +7,17 @@ optimizer built from the trained parameters only (``Trainer._build_optimizer``: 
 ``MemoryEfficientFP16Optimizer``, and the update of ``Trainer.train_step``: scaled backward, clip (which
 checks overflow), step. The CPU path needs compat fix 11 (the flat fp32 copy was keyed by a CUDA device).
 
-For each record and precision, 3 updates of the sentence-prediction loss on a tiny 4-layer backbone:
-the loss stays finite, every trained tensor moved, every frozen backbone tensor is bit-identical, and
-fp32 master weights exist for the trained parameters only. An injected inf gradient skips its update
-(trained tensors unchanged), halves the loss scale, and the next update proceeds.
+Every record (the frozen-backbone methods, full fine-tuning and EFL) is built once on a tiny 4-layer
+backbone; a copy of it trains 3 updates of the sentence-prediction loss in each precision. Checks: the
+loss stays finite, every trained tensor moved, every frozen backbone tensor is bit-identical, fp32 master
+weights exist for the trained parameters only, and what the method generates (the prompts P_0 and P_l,
+IDPG's M(x) from its cache, GloVe's M(x), the generator's weights and biases c_l, prefix tuning's
+prefixes) has the encoder's dtype. An injected inf gradient skips its update (trained tensors
+unchanged), halves the loss scale, and the next update proceeds.
 """
+
+import copy
+import functools
 
 import pytest
 import torch
@@ -19,10 +25,15 @@ import torch.nn.functional as F
 from conftest import build_record
 
 from fairseq_idpg.methods import METHODS
+from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
+from fairseq_idpg.modules.attention.prefix import PrefixEncoder
+from fairseq_idpg.modules.entailment_head import install_entailment_head
+from fairseq_idpg.modules.prompts.generator import PromptGenerator
+from fairseq_idpg.tasks.model_protocol import SentenceCacheModel
 
-FROZEN = sorted(name for name, m in METHODS.items() if m.frozen_backbone)
 TARGET = torch.tensor([1, 1])  # one class: a bf16 tie of the two rows' probabilities cannot cancel the head's grads
 DTYPES = {"--fp16": torch.float16, "--memory-efficient-fp16": torch.float16, "--bf16": torch.bfloat16}
+UNUSED_BY_CLASSIFICATION = "encoder.lm_head."  # fine-tuning trains it, a sentence-prediction loss never reaches it
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +43,10 @@ def tokens(tiny4):
     return torch.tensor([[0, *words[:4], 2], [0, *words[4:], 2, 1]])
 
 
+@functools.lru_cache(maxsize=None)
 def training_config(precision):
-    """fairseq-train's config for ``precision`` (Adam, lr 1e-2, clip 1.0, on the CPU)."""
+    """fairseq-train's config for ``precision`` (Adam, lr 1e-2, clip 1.0, on the CPU); parsed once per
+    precision (fairseq's parser takes about 2 s of CPU) and only read by the optimizers."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -43,12 +56,28 @@ def training_config(precision):
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
 
 
-def half_setup(name, precision, tiny4, method_files):
+@pytest.fixture(scope="module")
+def record_model(tiny4, method_files):
+    """``record_model(name)``: a fresh copy of the record's fp32 model, built once per record (EFL with
+    its entailment head, as its task installs it)."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = build_record(METHODS[name], tiny4, method_files, seed=0)
+            if METHODS[name].task == "efl_sentence_prediction":
+                install_entailment_head(built[name], "head")
+        return copy.deepcopy(built[name])
+
+    return get
+
+
+def half_setup(model, precision):
     """(model, optimizer, trained names) as fairseq's Trainer builds them for ``precision``."""
     from fairseq import optim
 
     cfg = training_config(precision)
-    model = build_record(METHODS[name], tiny4, method_files, seed=0).to(DTYPES[precision]).train()
+    model = model.to(DTYPES[precision]).train()
     params = [p for p in model.parameters() if p.requires_grad]  # Trainer._build_optimizer
     if cfg.common.memory_efficient_fp16:
         optimizer = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)
@@ -57,11 +86,23 @@ def half_setup(name, precision, tiny4, method_files):
     return model, optimizer, {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def update(model, optimizer, tokens, inject_inf=None):
+def with_sentence_cache(model, tokens):
+    """An IDPG model reads M(x) from an in-memory cache as under ``idpg_sentence_prediction``: the
+    net_input's ``sentence_ids`` (slot 0), or {} for a model without one. The first forward fills it
+    (RoBERTa's M(x); GloVe's are filled here), the next ones read it."""
+    if not isinstance(model, SentenceCacheModel) or not model.wants_sentence_cache():
+        return {}
+    rows = [{"net_input.src_tokens": row[row.ne(1)]} for row in tokens]  # the dataset's unpadded rows
+    model.attach_sentence_cache(0, {"split": "train", "examples": len(rows)}, rows)
+    return {"sentence_ids": torch.arange(len(rows))}
+
+
+def update(model, optimizer, tokens, inject_inf=None, **net_input):
     """One update of Trainer.train_step: the sentence-prediction loss (log-softmax in fp32, summed),
-    scaled backward, grads / sample size, clip (raises OverflowError on inf), step. Returns the loss."""
+    scaled backward, grads / sample size, clip (raises OverflowError on inf), step. Returns the loss;
+    ``update.zero_grads``: the trained tensors whose gradient was absent or 0, ``update.no_grads``: absent."""
     optimizer.zero_grad()
-    logits = model(tokens, classification_head_name="head")[0]
+    logits = model(tokens, classification_head_name="head", **net_input)[0]
     loss = F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), TARGET, reduction="sum")
     optimizer.backward(loss)
     if inject_inf is not None:
@@ -71,7 +112,8 @@ def update(model, optimizer, tokens, inject_inf=None):
     optimizer.step()
     # after the step the fp16 grads are unscaled in place by the memory-efficient optimizer only
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-    update.zero_grads = {n for n, g in grads.items() if g is None or not g.any()}
+    update.no_grads = {n for n, g in grads.items() if g is None}
+    update.zero_grads = update.no_grads | {n for n, g in grads.items() if g is not None and not g.any()}
     return loss.item()
 
 
@@ -83,33 +125,83 @@ def master_numel(optimizer):
     return sum(p.numel() for p in (fp32.values() if isinstance(fp32, dict) else fp32))
 
 
-# every record in one precision (in turn: a full 3 x record sweep takes minutes on 2 CPU cores), and
-# one record in all three
-CASES = [(name, list(DTYPES)[i % len(DTYPES)]) for i, name in enumerate(FROZEN)]
-CASES += [("m-idpg-phm", p) for p in DTYPES if ("m-idpg-phm", p) not in CASES]
+def watch_generated(model):
+    """Records the dtypes of what ``model`` generates in its forward passes, by what it is: {what: {dtype}}.
+    Every key is present from the start (an empty set: never produced, which the test refuses)."""
+    seen = {}
+
+    def watch(owner, attr, what):
+        seen[what] = set()
+        original = getattr(owner, attr)
+
+        def recorded(*args, **kwargs):
+            out = original(*args, **kwargs)
+            seen[what].update(t.dtype for t in (out if isinstance(out, tuple) else (out,)))
+            return out
+
+        setattr(owner, attr, recorded)  # on this instance only (a copy of the record's model)
+
+    if isinstance(model, PromptedRobertaModel):  # P_0 [.., t, d], and P_l of the deep variants
+        seen["P_0"] = set()
+        prompts = model.prompts
+
+        def watched_prompts(*args, **kwargs):
+            first, layer_prompts = prompts(*args, **kwargs)
+            seen["P_0"].add(first.dtype)
+            if layer_prompts is None:
+                return first, None
+            seen.setdefault("P_l", set())
+            return first, lambda layer, x: watched(layer_prompts(layer, x))
+
+        def watched(p):
+            seen["P_l"].add(p.dtype)
+            return p
+
+        model.prompts = watched_prompts
+    if isinstance(model, SentenceCacheModel):
+        watch(model, "sentence_representation", "M(x) (GloVe mean)" if model.glove is not None else "M(x)")
+    for module in model.modules():
+        if isinstance(module, PromptGenerator):
+            watch(module, "weights", "generator W1, b1, W2")
+            watch(module.biases, "forward", "generator biases c_l")
+        elif isinstance(module, PrefixEncoder):
+            watch(module, "layer_kv", "prefixes P_k, P_v")
+    return seen
 
 
-@pytest.mark.parametrize("name, precision", CASES)
-def test_three_half_precision_updates(name, precision, tiny4, method_files, tokens):
-    model, optimizer, trained = half_setup(name, precision, tiny4, method_files)
+RECORDS = list(METHODS)  # frozen-backbone methods, full fine-tuning, EFL
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+@pytest.mark.parametrize("name", RECORDS)
+def test_three_half_precision_updates(name, precision, record_model, tokens):
+    method = METHODS[name]
+    model, optimizer, trained = half_setup(record_model(name), precision)
     dtype = DTYPES[precision]
     assert {p.dtype for p in model.parameters()} == {dtype}
+    generated = watch_generated(model)
+    net_input = with_sentence_cache(model, tokens)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    losses, underflow = [], set(trained)
+    losses, underflow, unused = [], set(trained), set(trained)
     for _ in range(3):
-        losses.append(update(model, optimizer, tokens))
+        losses.append(update(model, optimizer, tokens, **net_input))
         underflow &= update.zero_grads
+        unused &= update.no_grads
 
     assert all(torch.isfinite(torch.tensor(losses))), f"{name} {precision}: loss {losses}"
     after = dict(model.named_parameters())
     frozen = [n for n in after if n not in trained]
-    assert frozen, f"{name}: nothing frozen"
+    if method.frozen_backbone:
+        assert frozen, f"{name}: nothing frozen"
+        assert not unused, f"{name}: trained tensors outside the forward pass: {sorted(unused)[:3]}"
+    else:  # full fine-tuning: everything trains; the LM head (tied embeddings aside) has no part in the loss
+        assert not frozen and unused and all(n.startswith(UNUSED_BY_CLASSIFICATION) for n in unused), unused
     changed = [n for n in frozen if not torch.equal(before[n], after[n])]
     assert not changed, f"{name} {precision} changed frozen {changed[:3]}"
     # --memory-efficient-fp16 unscales the grads in fp16 (fairseq's design): one below 6e-8 becomes 0 and its
     # tensor stays; with fp32 master weights (--fp16, --bf16) every trained tensor must move
-    may_stay = underflow if precision == "--memory-efficient-fp16" else set()
+    may_stay = (underflow if precision == "--memory-efficient-fp16" else set()) | unused
     still = [n for n in trained if torch.equal(before[n], after[n]) and n not in may_stay]
     assert not still, f"{name} {precision}: trained tensors did not move: {still}"
     assert all(after[n].dtype == dtype for n in trained)
@@ -122,10 +214,16 @@ def test_three_half_precision_updates(name, precision, tiny4, method_files, toke
         assert master_numel(optimizer) == trained_numel
         assert all(p.dtype == torch.float32 for p in optimizer.optimizer.param_groups[0]["params"])
 
+    # what the method generates is in the encoder's dtype (not silently fp32, cast at the insertion)
+    assert generated == {what: {dtype} for what in generated}, f"{name} {precision}: {generated}"
+    if net_input:  # the cache holds M(x) of every example after the first update, and the next ones read it
+        caches = model._caches[0]["by_tag"].values()
+        assert caches and all(cache.num_filled == len(TARGET) for cache in caches), f"{name}: M(x) not cached"
+
 
 @pytest.mark.parametrize("precision", ["--fp16", "--memory-efficient-fp16"])
-def test_inf_gradient_skips_the_update_and_lowers_the_loss_scale(precision, tiny4, method_files, tokens):
-    model, optimizer, trained = half_setup("m-idpg-phm", precision, tiny4, method_files)
+def test_inf_gradient_skips_the_update_and_lowers_the_loss_scale(precision, record_model, tokens):
+    model, optimizer, trained = half_setup(record_model("m-idpg-phm"), precision)
     update(model, optimizer, tokens)
     scale = optimizer.scaler.loss_scale
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
