@@ -87,7 +87,9 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` make no CUDA assumption. Where torch has no
    CUDA, ``Trainer.train_step``'s loss-scale overflow branch (``grad_norm = torch.tensor(0.0).cuda()``)
    crashed with the same error instead of skipping the update: its ``torch.tensor`` (the trainer's only
-   one) now gives a tensor whose ``.cuda()`` stays on the CPU.
+   one) now gives a tensor whose ``.cuda()`` stays on the CPU. The trainer module's ``torch`` is replaced
+   by one that differs in ``tensor`` alone, because the call sits in the middle of ``train_step``: a
+   narrower fix would copy that method. tests/test_compat.py fails if trainer.py gets another call.
 
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does

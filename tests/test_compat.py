@@ -345,6 +345,24 @@ def test_fp16_optimizer_builds_its_fp32_copy_on_the_cpu():
     assert [p.dtype for p in per_param] == [torch.float32] * 2
 
 
+def test_trainer_overflow_fix_changes_only_the_overflow_line():
+    """Fix 11's stand-in for ``fairseq.trainer``'s ``torch`` (where torch has no CUDA) differs from torch in
+    ``tensor`` only, and trainer.py calls ``torch.tensor`` once: the overflow branch's ``torch.tensor(0.0).cuda()``.
+    A fairseq with another call fails here rather than getting host tensors there."""
+    import inspect
+
+    import fairseq.trainer as trainer
+
+    assert re.findall(r"torch\.tensor\(.*", inspect.getsource(trainer)) == ["torch.tensor(0.0).cuda()"]
+    if torch.cuda.is_available():
+        assert trainer.torch is torch
+        return
+    for name in ("Tensor", "cuda", "no_grad", "float16", "distributed", "autograd", "isfinite"):
+        assert getattr(trainer.torch, name) is getattr(torch, name)
+    grad_norm = trainer.torch.tensor(0.0).cuda()
+    assert type(grad_norm) is torch.Tensor and grad_norm.device.type == "cpu" and grad_norm.item() == 0.0
+
+
 KILL_DURING_LAST_COPY = """
 import os, shutil, sys
 copyfile, calls = shutil.copyfile, []
