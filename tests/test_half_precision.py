@@ -14,10 +14,18 @@ weights exist for the trained parameters only, and what the method generates (th
 IDPG's M(x) from its cache, GloVe's M(x), the generator's weights and biases c_l, prefix tuning's
 prefixes) has the encoder's dtype. An injected inf gradient skips its update (trained tensors
 unchanged), halves the loss scale, and the next update proceeds.
+
+End to end (slow): ``scripts/run.sh --fp16`` and ``--bf16`` train M-IDPG-PHM on the stand-in, and
+fairseq-validate scores the compact checkpoint in fp32 within ``fp32_rescore_tolerance`` of the run's own
+validation.
 """
 
 import copy
 import functools
+import json
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,3 +249,57 @@ def test_inf_gradient_skips_the_update_and_lowers_the_loss_scale(precision, reco
     assert torch.isfinite(torch.tensor(loss))
     assert optimizer.scaler.loss_scale == scale / 2
     assert all(not torch.equal(before[n], p) for n, p in model.named_parameters() if n in trained)
+
+
+# ---------------------------------------------------------------------------------------- end to end
+REPO = Path(__file__).resolve().parents[1]
+SLICE = {"train.tsv": 12, "dev.tsv": 24}  # 3 updates of 4 = one epoch; one validation, of 24 sentences
+
+
+def fp32_rescore_tolerance(dtype):
+    """(loss in bits, accuracy in points) by which fairseq-validate in fp32 may differ from the validation that
+    a ``dtype`` run logged. The weights are the same (fp16/bf16 -> fp32 is exact); only the activations are
+    rounded differently, each operation by at most u = 2^-11 (fp16) or 2^-8 (bf16) relative. Along the
+    stand-in's 6 layers to a logit some 20 roundings add up, and the loss moves by about the logits' error:
+    20 u (fp16 0.0098, bf16 0.078; measured 0.000 and 0.001). A prediction flips only where the two logits
+    are closer than that: at most one of the 24 sentences (100 / 24 points)."""
+    unit_roundoff = torch.finfo(dtype).eps / 2
+    return 20 * unit_roundoff, 100 / SLICE["dev.tsv"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+def test_half_precision_run_rescores_in_fp32(precision, shared_data, tmp_path):
+    """``scripts/run.sh SST-2 --method m-idpg-phm --fp16`` (or ``--bf16``): 3 updates on the stand-in, the
+    compact checkpoint of half-precision weights, scored by run.sh's fairseq-validate in fp32 (its M(x) cache
+    is float32: recomputed, not the run's) within ``fp32_rescore_tolerance`` of the run's logged validation."""
+    from fairseq_idpg.logs import validations
+
+    dtype = DTYPES[precision]
+    raw = tmp_path / "SST-2"
+    raw.mkdir()
+    for name, rows in SLICE.items():
+        lines = (shared_data / "glue" / "SST-2" / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (raw / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    cache = tmp_path / "mx-cache"
+    cmd = ["bash", str(REPO / "scripts" / "run.sh"), "SST-2", "--raw", str(raw), "--method", "m-idpg-phm"]
+    cmd += ["--max-update", "3", "--total-batch", "4", precision, "--work-dir", str(tmp_path)]
+    cmd += ["--validate-interval-updates", "3", "--idpg-cache-dir", str(cache)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    save = Path(re.findall(r"^run folder: (.+)$", out.stdout, re.M)[-1])
+
+    state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    trained = {k: v for k, v in state["model"].items() if not k.startswith("_")}  # not the fingerprint
+    assert trained and not any(k.startswith("encoder.") for k in trained)  # compact: generator + head
+    # the half-precision weights, saved as float32 by fairseq (utils.move_to_cpu): every value is a ``dtype`` one
+    assert all(torch.equal(v, v.to(dtype).to(v.dtype)) for v in trained.values())
+    # M(x) of the run in its own dtype (train, valid); fairseq-validate's in float32 (valid)
+    tags = sorted(json.loads((f / "key.json").read_text())["dtype"] for f in cache.iterdir())
+    assert tags == sorted([str(dtype).split(".")[1]] * 2 + ["float32"]), tags
+
+    (logged,) = [e.stats for e in validations((save / "train.log").read_text())]
+    rescored = json.loads((save / "results.json").read_text())["results"]["valid"]
+    loss_tol, accuracy_tol = fp32_rescore_tolerance(dtype)
+    assert abs(rescored["loss"] - logged["loss"]) <= loss_tol, (logged, rescored)
+    assert abs(rescored["accuracy"] - logged["accuracy"]) <= accuracy_tol, (logged, rescored)
