@@ -269,7 +269,7 @@ def fp32_rescore_tolerance(dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
-def test_half_precision_run_rescores_in_fp32(precision, shared_data, tmp_path):
+def test_half_precision_run_rescores_in_fp32(precision, shared_data, standin_model, tmp_path):
     """``scripts/run.sh SST-2 --method m-idpg-phm --fp16`` (or ``--bf16``): 3 updates on the stand-in, the
     compact checkpoint of half-precision weights, scored by run.sh's fairseq-validate in fp32 (its M(x) cache
     is float32: recomputed, not the run's) within ``fp32_rescore_tolerance`` of the run's logged validation."""
