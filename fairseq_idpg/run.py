@@ -47,6 +47,7 @@ The request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's flags a
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -732,16 +733,58 @@ def execute(p):
         done = json.loads((save / "results.json").read_text())
         print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
         print(f"  (results {save / 'results.json'}; --restart trains it again)")
-        show_scores(done["results"], done["metric"])
+        if done.get("diverged"):
+            print(diverged_line(done["diverged"], done["lr"]))
+        else:
+            show_scores(done["results"], done["metric"])
         return 0
     trained = trained_before(p)
     save.mkdir(parents=True, exist_ok=True)
     (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
-    if not trained:
-        train(p)
+    try:
+        if not trained:
+            train(p)
+    except RunError:
+        if divergence(save / "train.log") is None:
+            raise
+    found = divergence(save / "train.log")
+    if found is not None:
+        (save / "crash.pt").unlink(missing_ok=True)  # fairseq's copy of the diverged state: nothing to resume
+        write_record(p, {}, diverged=found)
+        print(diverged_line(found, p.config["lr"]), file=sys.stderr)
+        return 0
     results = score(p)
     write_record(p, results)
     return 0
+
+
+FLOATING_POINT_ERROR = re.compile(r"^FloatingPointError: (.+)$", re.M)
+
+
+def divergence(train_log):
+    """``{"update", "reason"}`` where the run diverged, read from fairseq-train's log, or None: the first
+    training or validation loss logged as NaN or inf, else fairseq's ``FloatingPointError`` (NaN/Inf
+    gradients in fp32, or fp16's loss scale at its minimum: fairseq's normal skipped fp16 updates log no
+    loss and are not divergence), at the update after the last one logged."""
+    from fairseq_idpg.logs import read_log
+
+    text = Path(train_log).read_text(encoding="utf-8", errors="replace") if Path(train_log).is_file() else ""
+    last = 0
+    for entry in read_log(text):
+        loss, updates = entry.stats.get("loss"), entry.stats.get("num_updates")
+        if isinstance(loss, float) and not math.isfinite(loss):
+            return {"update": int(updates if isinstance(updates, (int, float)) else last + 1),
+                    "reason": f"{entry.tag} loss {loss}"}  # fmt: skip
+        last = int(updates) if isinstance(updates, (int, float)) else last
+    error = FLOATING_POINT_ERROR.findall(text)
+    return {"update": last + 1, "reason": error[-1].strip()} if error else None
+
+
+def diverged_line(diverged, lr):
+    return (
+        f"diverged at update {diverged['update']} (lr {lr:g}): {diverged['reason']}; "
+        "results.json records it without a score (--restart trains it again)"
+    )
 
 
 def trained_before(p):
@@ -803,8 +846,9 @@ def score(p):
     return results
 
 
-def write_record(p, results):
-    """Print the scores and write results.json: the scores, the configuration, the commit, the timings."""
+def write_record(p, results, diverged=None):
+    """Print the scores and write results.json: the scores, the configuration, the commit, the timings. A
+    diverged run (``diverged``: where and why) is a result without scores: ``score`` None, ``results`` {}."""
     request, config, save, timings = p.request, p.config, p.folder, p.timings
     updates, batch, lr, metric = config["updates"], config["batch"], config["lr"], config["metric"]
     print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
@@ -819,7 +863,8 @@ def write_record(p, results):
         "method": request.method,
         "metric": metric,
         "select_on": config["select_on"],
-        "score": results[config["select_on"]].get(metric),
+        "score": None if diverged else results[config["select_on"]].get(metric),
+        **({"diverged": diverged} if diverged else {}),
         "results": results,
         "seed": request.seed,
         "lr": lr,

@@ -363,7 +363,7 @@ def record(run, p, records):
     tmp = dest.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, dest)  # a record is complete or absent
-    return dest
+    return result
 
 
 class Failures:
@@ -400,6 +400,7 @@ class SweepProgress:
     def __init__(self, name, total, cached, slots, clock=time.monotonic):
         self.name, self.total, self.cached, self.slots, self.clock = name, total, cached, slots, clock
         self.done, self.running, self.failed, self.durations = cached, 0, 0, []
+        self.diverged = 0  # of the done: results without a score (a NaN or inf loss), not failures
         self.lock = threading.Lock()
 
     def line(self):
@@ -409,14 +410,16 @@ class SweepProgress:
             per_run = sum(self.durations) / len(self.durations)
             eta = format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
         return (
-            f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached), {self.running} running, "
-            f"{self.failed} failed, {left} left, eta {eta}"
+            f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached"
+            + (f", {self.diverged} diverged" if self.diverged else "")
+            + f"), {self.running} running, {self.failed} failed, {left} left, eta {eta}"
         )
 
-    def update(self, started=0, finished=0, failed=0, seconds=None, note=""):
+    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0):
         with self.lock:
             self.running += started - finished - failed
             self.done += finished
+            self.diverged += diverged
             self.failed += failed
             if seconds is not None:
                 self.durations.append(seconds)
@@ -506,8 +509,12 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         code, seconds, log = outcome
         if code == 0 and p.finished:
             failures.set(run.name, None)
-            record(run, p, records)
-            progress.update(finished=1, seconds=seconds, note=f"done {run.name} ({format_duration(seconds)})")
+            diverged = record(run, p, records).get("diverged")
+            note = f"diverged at update {diverged['update']}" if diverged else "done"
+            progress.update(
+                finished=1, seconds=seconds, diverged=int(bool(diverged)),
+                note=f"{note} {run.name} ({format_duration(seconds)})",
+            )  # fmt: skip
         elif not executor.stopping:
             failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
             progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
@@ -604,8 +611,9 @@ def follow(submitted, progress, failures, records, poll=30):
             exc = job.exception()
             if exc is None and p.finished:
                 failures.set(run.name, None)
-                record(run, p, records)
-                progress.update(finished=1, note=f"done {run.name} (job {job.job_id})")
+                diverged = record(run, p, records).get("diverged")
+                note = f"diverged at update {diverged['update']}" if diverged else "done"
+                progress.update(finished=1, diverged=int(bool(diverged)), note=f"{note} {run.name} (job {job.job_id})")
             else:
                 failures.set(run.name, {"job": job.job_id, "tail": str(exc)[-3000:]})
                 progress.update(failed=1, note=f"FAILED {run.name} (job {job.job_id})")

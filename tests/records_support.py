@@ -32,8 +32,10 @@ def record(
     curve: Optional[List[dict]] = None,
     results: Optional[Dict[str, Dict[str, float]]] = None,
     budget: Optional[str] = None,
+    diverged: Optional[dict] = None,
 ) -> dict:
-    """One results.json: ``dev`` is the metric on ``select_on``, ``test`` (if given) on its official set."""
+    """One results.json: ``dev`` is the metric on ``select_on``, ``test`` (if given) on its official set;
+    ``diverged`` (``{"update", "reason"}``): a diverged run's, with no scores."""
     sampled = few_shot is not None or dev_from_train is not None
     scores = {select_on: {metric: dev, "loss": 0.5}}
     if test is not None:
@@ -66,6 +68,8 @@ def record(
         out["budget"] = budget
     if curve is not None:
         out["curve"] = curve
+    if diverged is not None:
+        out.update(diverged=diverged, score=None, results={})
     return out
 
 

@@ -54,6 +54,31 @@ def test_best_per_seed_differs_from_mean_dev(tmp_path):
     assert row["std"] == pytest.approx(pd.Series([85.0, 82.0, 84.0]).std(ddof=1))
 
 
+def test_a_diverged_run_is_never_chosen_nor_scored(tmp_path, capsys):
+    """SST-2: at lr 0.1 seed 1 diverged and seeds 2, 3 scored 99: mean-dev keeps 1e-3 (an lr where a seed
+    diverged is not chosen while another lr trained every seed); best-per-seed gives seeds 2 and 3 their 99.
+    RTE diverged at its only lr: the cell says so, with its lr and count, and the average leaves it out."""
+    diverged = {"update": 4, "reason": "valid loss nan"}
+    for seed, dev in ((1, 70.0), (2, 72.0), (3, 74.0)):
+        write_record(tmp_path, task="SST-2", lr=1e-3, seed=seed, dev=dev)
+        write_record(tmp_path, task="RTE", lr=0.1, seed=seed, diverged=diverged)
+    write_record(tmp_path, task="SST-2", lr=0.1, seed=1, diverged=diverged)
+    for seed in (2, 3):
+        write_record(tmp_path, task="SST-2", lr=0.1, seed=seed, dev=99.0)
+    runs = read_records([tmp_path])
+    assert runs["diverged"].sum() == 4 and runs.loc[runs["diverged"], "dev"].isna().all()
+    long = table_of(tmp_path)
+    sst2, rte = cell(long, "m-idpg-phm", "SST-2"), cell(long, "m-idpg-phm", "RTE")
+    assert (sst2["lr"], sst2["n"], sst2["diverged"], sst2["mean"]) == ("0.001", 3, 0, pytest.approx(72.0))
+    assert (rte["lr"], rte["n"], rte["diverged"]) == ("0.1", 3, 3) and math.isnan(rte["mean"])
+    assert cell(long, "m-idpg-phm", "average")["mean"] == pytest.approx(72.0)
+    text = markdown(long)
+    assert "| m-idpg-phm | 72.0 ± 2.0 | diverged | 72.0 (1 of 2 tasks) |" in text
+    assert "| m-idpg-phm | 0.001 (n 3) | 0.1 (n 3, 3 diverged) |" in text
+    per_seed = cell(table_of(tmp_path, "best-per-seed"), "m-idpg-phm", "SST-2")
+    assert per_seed["lr"] == "0.1 x2, 0.001 x1" and per_seed["mean"] == pytest.approx((70 + 99 + 99) / 3)
+
+
 def test_sampled_data_reports_the_official_test_set(tmp_path):
     for (lr, seed), dev in GRID.items():  # the test scores favour 1e-3, but dev selects
         write_record(
@@ -128,7 +153,7 @@ def test_cli_writes_tables_and_plots_with_the_published_numbers(tmp_path, capsys
     assert (out / "table.md").read_text() == stdout
     csv = pd.read_csv(out / "table.csv")
     assert list(csv.columns) == ["model", "budget", "task", "label", "method", "metric", "split", "lr", "n", "mean",
-                                 "std", "published", "published_std"]  # fmt: skip
+                                 "std", "diverged", "published", "published_std"]  # fmt: skip
     assert csv.iloc[0][["task", "mean", "std", "published"]].tolist() == ["SST-2", 82.0, 2.0, 96.0]
     for name in ("bars.png", "curves.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

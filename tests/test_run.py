@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -571,3 +572,62 @@ def test_kill_then_the_same_command_resumes_to_the_same_weights(first_run):
     log = (folder / "train.log").read_text()
     updates = {e.stats["num_updates"] for e in read_log(log) if e.tag == "train_inner"}
     assert log.count("# ") >= 2 and {1, 6} <= updates  # both sessions
+
+
+# ---------------------------------------------------------------------------------------- divergence
+def train_line(updates, loss, tag="train_inner"):
+    stats = {"epoch": 1, "update": f"{updates}.0", "loss": loss, "num_updates": str(updates), "lr": "1e+06"}
+    return f"2026-01-01 00:00:00 | INFO | {tag} | {json.dumps(stats)}\n"
+
+
+@pytest.mark.parametrize(
+    "log,expected",
+    [
+        # what `run.sh RTE --method prompt-tuning-5 --lr 1e6 --max-update 4` logged: finite train loss, NaN on dev
+        (train_line(3, "1.7e+16") + train_line(4, "2.65614e+17") + train_line(4, "nan", tag="valid"),
+         {"update": 4, "reason": "valid loss nan"}),
+        (train_line(1, "0.69") + train_line(2, "inf"), {"update": 2, "reason": "train_inner loss inf"}),
+        # fp32 NaN/Inf gradients, and fp16's loss scale at its minimum: fairseq stops with a traceback
+        (train_line(5, "0.7") + "Traceback (most recent call last):\nFloatingPointError: gradients are Nan/Inf\n",
+         {"update": 6, "reason": "gradients are Nan/Inf"}),
+        ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding.\n",
+         {"update": 1, "reason": "Minimum loss scale reached (0.0001). Your loss is probably exploding."}),
+        # fp16's normal skipped updates, and a large but finite loss, are not divergence
+        (train_line(1, "0.7") + "NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0\n"
+         + train_line(2, "3e+38"), None),
+    ],
+)  # fmt: skip
+def test_divergence_is_read_from_the_training_log(tmp_path, log, expected):
+    (tmp_path / "train.log").write_text(log)
+    assert main_job.divergence(tmp_path / "train.log") == expected
+    assert main_job.divergence(tmp_path / "absent.log") is None
+
+
+def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatch):
+    """execute(): fairseq-train's nan (here a fake train that logs it) gives one line, results.json marked
+    diverged with no score and no fairseq-validate, crash.pt removed; the same command then reports it cached."""
+    plan = types.SimpleNamespace(
+        folder=tmp_path / "run", request=types.SimpleNamespace(restart=False, model="standin", method="lora", seed=1),
+        config={"updates": 4, "batch": 16, "lr": 1e6, "metric": "accuracy", "select_on": "valid", "layout": None},
+        task="RTE", timings={}, start=time.time(), argv=["RTE", "--lr", "1e6"],
+    )  # fmt: skip
+
+    def diverging_train(p):
+        (p.folder / "train.log").write_text(train_line(4, "nan", tag="valid"))
+        (p.folder / "crash.pt").write_bytes(b"state")
+        raise main_job.RunError("command failed with exit code 1: fairseq-train ...")
+
+    monkeypatch.setattr(main_job, "train", diverging_train)
+    monkeypatch.setattr(main_job, "score", lambda p: pytest.fail("a diverged run is not scored"))
+    assert main_job.execute(plan) == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "diverged at update 4 (lr 1e+06): valid loss nan; results.json records it without a score "
+        "(--restart trains it again)"
+    )
+    record = json.loads((plan.folder / "results.json").read_text())
+    assert record["diverged"] == {"update": 4, "reason": "valid loss nan"}
+    assert record["score"] is None and record["results"] == {} and not (plan.folder / "crash.pt").exists()
+    assert main_job.execute(plan) == 0
+    out = capsys.readouterr().out
+    assert "cached: this configuration finished" in out and "diverged at update 4 (lr 1e+06)" in out

@@ -221,10 +221,10 @@ def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------- end to end (slow)
 SMOKE = """
 name: smoke
-description: CI smoke sweep, 2 tasks x 2 methods x 2 seeds on the stand-in, 4 updates each
+description: CI smoke sweep on the stand-in, 4 updates each, 2 tasks x prompt tuning, LoRA on RTE at an lr that diverges
 model: standin
 tasks: [RTE, MRPC]
-methods: [prompt-tuning-5, lora]
+methods: [prompt-tuning-5, {method: lora, tasks: [RTE], lrs: [1.0e-3, 1.0e+10]}]
 lrs: recipe
 seeds: [1, 2]
 max_update: 4
@@ -279,15 +279,20 @@ def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert 2 <= len(smoke["done_first"]) < 8
     # the runs finished before the interruption were not run again: their results.json are untouched
-    cached = int(re.search(r"\] \d+/8 done \((\d+) cached\)", second.stdout).group(1))
+    cached = int(re.search(r"\] \d+/8 done \((\d+) cached[,)]", second.stdout).group(1))
     assert cached >= len(smoke["done_first"])
     for path, mtime in smoke["results_first"].items():
         assert path.stat().st_mtime_ns == mtime, path
     assert "[sweep smoke] 8/8 done" in second.stdout and "0 failed, 0 left" in second.stdout
     records = records_of(smoke["records"])
     assert len(records) == 8
-    keys = {(r["task"], r["label"], r["seed"]) for r in map(lambda p: json.loads(p.read_text()), records)}
-    assert len(keys) == 8
+    records = [json.loads(p.read_text()) for p in records]
+    assert len({(r["task"], r["label"], r["lr"], r["seed"]) for r in records}) == 8
+    # lr 1e10 diverges: a result without a score, listed as diverged, not failed
+    diverged = [r for r in records if r.get("diverged")]
+    assert sorted((r["task"], r["label"], r["lr"]) for r in diverged) == [("RTE", "lora", 1e10)] * 2
+    assert all(r["score"] is None and r["results"] == {} for r in diverged)
+    assert (smoke["first"] + second.stdout).count(" diverged at update ") == 2
     # at most 2 at a time: never 3 runs reported running
     assert not re.search(r"\b[3-9] running", smoke["first"] + second.stdout)
 
@@ -302,14 +307,17 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
     table = pd.read_csv(out / "table.csv")
     records = [json.loads(p.read_text()) for p in records_of(smoke["records"])]
-    for task in ("RTE", "MRPC"):
-        for label in ("prompt-tuning-5", "lora"):
-            values = [r["results"]["valid"][r["metric"]] for r in records if r["task"] == task and r["label"] == label]
-            row = table[(table["task"] == task) & (table["label"] == label)]
-            assert len(values) == 2 and len(row) == 1, (task, label)
-            assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-4)  # table.csv: 4 decimals
-            assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-4)
-            assert row["n"].item() == 2
+    for task, label in (("RTE", "prompt-tuning-5"), ("MRPC", "prompt-tuning-5"), ("RTE", "lora")):
+        chosen = [r for r in records if r["task"] == task and r["label"] == label and not r.get("diverged")]
+        values = [r["results"]["valid"][r["metric"]] for r in chosen]
+        row = table[(table["task"] == task) & (table["label"] == label)]
+        assert len(values) == 2 and len(row) == 1, (task, label)
+        assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-4)  # table.csv: 4 decimals
+        assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-4)
+        assert row["n"].item() == 2 and row["diverged"].item() == 0
+    # LoRA on RTE: the lr that diverged (1e10) is not chosen; LoRA did not run on MRPC
+    lora = table[table["label"] == "lora"].set_index("task")
+    assert float(lora.loc["RTE", "lr"]) == 1e-3 and pd.isna(lora.loc["MRPC", "mean"])
     assert (out / "table.md").read_text().count("±") >= 4
     for png in ("bars.png", "curves.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -322,7 +330,7 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     opts = sweep.parse_args([str(smoke["spec"]), "--executor", "slurm", "--work-dir", str(smoke["work"])])
     spec = sweep.load_spec(smoke["spec"], tasks=["RTE"], methods=["lora"], seeds=[1])
     opts.model = spec.model  # as sweep() sets it
-    (run,) = spec.runs
+    (run,) = [r for r in spec.runs if r.lr == 1e-3]
     plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
     assert plan.finished
     submitted = sweep.submit([(run, plan)], opts, tmp_path / "sweeps" / "smoke", cluster="local")

@@ -10,6 +10,7 @@ data: the papers report GLUE dev).
 """
 
 import json
+import math
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -82,7 +83,8 @@ def row_of(record: dict, path: Path) -> dict:
     if missing:
         raise RecordsError(f"{path}: not a run record (no {', '.join(missing)})")
     results, metric, select_on = record["results"], record["metric"], record["select_on"]
-    split = reported_split(results, select_on)
+    diverged = bool(record.get("diverged"))  # a result without scores (run.py: a NaN or inf loss)
+    split = select_on if diverged else reported_split(results, select_on)
     provenance = ((record.get("config") or {}).get("data") or {}).get("provenance") or {}
     return {
         "model": model_name(record["model"]),
@@ -95,10 +97,11 @@ def row_of(record: dict, path: Path) -> dict:
         "data_seed": provenance.get("seed"),
         "metric": metric,
         "select_on": select_on,
-        "dev": metric_value(results, select_on, metric, path),
+        "dev": math.nan if diverged else metric_value(results, select_on, metric, path),
         "split": split,
-        "reported": metric_value(results, split, metric, path),
-        "curve": record.get("curve") or [],
+        "reported": math.nan if diverged else metric_value(results, split, metric, path),
+        "diverged": diverged,
+        "curve": [] if diverged else record.get("curve") or [],
         "file": str(path),
     }
 

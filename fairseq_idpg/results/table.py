@@ -32,22 +32,27 @@ SELECTION_TEXT = {
 }
 AVERAGE = "average"
 MISSING = "—"
+DIVERGED = "diverged"
 # the papers' column order (IDPG Table 1), then the rest of GLUE
 TASK_ORDER = ["MPQA", "SUBJ", "CR", "MR", "SST-2", "QNLI", "RTE", "MRPC", "STS-B", "QQP", "MNLI", "CoLA"]
 
 
 def choose_runs(runs: pd.DataFrame, selection: str = "mean-dev") -> pd.DataFrame:
     """The runs each cell reports: those of its chosen lr (``mean-dev``) or each seed's best (``best-per-seed``).
-    Ties go to the smaller lr (the grid is searched from the top; a tie keeps the gentler step)."""
+    Ties go to the smaller lr (the grid is searched from the top; a tie keeps the gentler step). A diverged
+    run ranks below every score, so an lr where a seed diverged is chosen only where every lr has one (the
+    cell is then shown as diverged)."""
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
     ordered = runs.sort_values(CELL + ["lr"] + REPLICATE, kind="stable")
+    diverged = ordered["diverged"].astype(bool) if "diverged" in ordered else pd.Series(False, index=ordered.index)
+    ordered = ordered.assign(diverged=diverged, rank=ordered["dev"].where(~diverged, -math.inf))
     if selection == "best-per-seed":
-        best = ordered.loc[ordered.groupby(CELL + REPLICATE, dropna=False, sort=False)["dev"].idxmax()]
-        return best.reset_index(drop=True)
-    by_lr = ordered.groupby(CELL + ["lr"], dropna=False, sort=False)["dev"].mean().reset_index()
-    chosen = by_lr.loc[by_lr.groupby(CELL, dropna=False, sort=False)["dev"].idxmax(), CELL + ["lr"]]
-    return ordered.merge(chosen, on=CELL + ["lr"]).reset_index(drop=True)
+        best = ordered.loc[ordered.groupby(CELL + REPLICATE, dropna=False, sort=False)["rank"].idxmax()]
+        return best.drop(columns="rank").reset_index(drop=True)
+    by_lr = ordered.groupby(CELL + ["lr"], dropna=False, sort=False)["rank"].mean().reset_index()
+    chosen = by_lr.loc[by_lr.groupby(CELL, dropna=False, sort=False)["rank"].idxmax(), CELL + ["lr"]]
+    return ordered.merge(chosen, on=CELL + ["lr"]).drop(columns="rank").reset_index(drop=True)
 
 
 def format_lr(lrs) -> str:
@@ -67,7 +72,8 @@ def cells(chosen: pd.DataFrame) -> pd.DataFrame:
         split=("split", lambda s: "/".join(sorted(set(s)))),
         lr=("lr", format_lr),
         n=("reported", "size"),
-        mean=("reported", "mean"),
+        mean=("reported", lambda s: s.mean(skipna=False)),  # NaN where a chosen run diverged
+        diverged=("diverged", "sum"),
         std=("reported", lambda s: s.std(ddof=1) if len(s) > 1 else math.nan),
     )
     return out.reset_index()
@@ -107,7 +113,7 @@ def long_table(
     and ``spec_methods`` (a spec's label -> method) are in every group's grid, measured or not."""
     spec_methods = spec_methods or {}
     order = list(tasks) + (_published_tasks(published) or [])
-    columns = CELL + ["method", "metric", "split", "lr", "n", "mean", "std", "published", "published_std"]
+    columns = CELL + ["method", "metric", "split", "lr", "n", "mean", "std", "diverged", "published", "published_std"]
     blocks = []
     for (model, budget), group in measured.groupby(["model", "budget"], sort=False):
         # a spec's cells are all rows and columns, run or not, so a sweep in progress shows what is missing
@@ -165,13 +171,16 @@ def _averages(full: pd.DataFrame, tasks: List[str]) -> pd.DataFrame:
             "model": cells_["model"].iloc[0], "budget": cells_["budget"].iloc[0], "task": AVERAGE, "label": label,
             "method": cells_["method"].iloc[0], "metric": "", "split": "", "lr": "",
             "n": len(measured), "mean": measured["mean"].mean() if len(measured) else math.nan, "std": math.nan,
+            "diverged": 0,
             "published": paper.mean() if len(paper) and paper.notna().all() else math.nan, "published_std": math.nan,
         })  # fmt: skip
     return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------- Markdown
-def score_text(mean, std, published=math.nan, digits=1) -> str:
+def score_text(mean, std, published=math.nan, digits=1, diverged=0) -> str:
+    if pd.notna(diverged) and diverged > 0:
+        return DIVERGED
     if pd.isna(mean):
         return MISSING
     text = f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if pd.notna(std) else "")
@@ -179,7 +188,10 @@ def score_text(mean, std, published=math.nan, digits=1) -> str:
 
 
 def lr_text(cell: pd.Series) -> str:
-    """``0.005 (n 3)``: the chosen lr and the seed count of a cell."""
+    """``0.005 (n 3)``: the chosen lr and the seed count of a cell (``(n 3, 1 diverged)`` where runs diverged)."""
+    diverged = cell.get("diverged", 0)
+    if pd.notna(diverged) and diverged > 0:
+        return f"{cell['lr']} (n {cell['n']:.0f}, {diverged:.0f} diverged)"
     return MISSING if pd.isna(cell["mean"]) else f"{cell['lr']} (n {cell['n']:.0f})"
 
 
@@ -210,7 +222,12 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
         )
         out.append("|---|" + "---:|" * (len(tasks) + 1))
         for label in labels:
-            scores = [score_text(*cell.loc[(label, t), ["mean", "std", "published"]]) for t in tasks]
+            scores = [
+                score_text(
+                    *cell.loc[(label, t), ["mean", "std", "published"]], diverged=_diverged(cell.loc[(label, t)])
+                )
+                for t in tasks
+            ]
             out.append(f"| {label} | " + " | ".join(scores) + f" | {average_text(average.loc[label], len(tasks))} |")
         out.append("")
         out.append("Chosen lr (seeds):\n")
@@ -230,7 +247,8 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
         f"Selection: {SELECTION_TEXT[selection]}. Each cell: mean ± sample std (ddof = 1; none for one seed) over "
         "seeds of the reported split: the task's official labelled set (GLUE: dev; MR, CR, MPQA, SUBJ: test) "
         "where the dev set that selects was sampled from train, else the selection split itself (full data: "
-        f"the official set; the papers report GLUE dev). {MISSING}: no run. The average is over the "
+        f"the official set; the papers report GLUE dev). {MISSING}: no run. {DIVERGED}: at every lr tried, a seed's "
+        "loss became NaN or inf (the chosen lr's runs are listed with how many diverged). The average is over the "
         "tasks a row has; '(k of N tasks)' marks a row with fewer."
         + (f" (paper x): {published_text}; its average is over the same tasks as the row's." if published_text else "")
     )  # fmt: skip
@@ -254,6 +272,10 @@ def split_label(task: str, splits: str, budget: str) -> str:
         else:
             labels.append(Path(files[index]).stem if index < len(files) else split)
     return "/".join(dict.fromkeys(labels))
+
+
+def _diverged(cell: pd.Series):
+    return cell["diverged"] if "diverged" in cell else 0
 
 
 def _first(values):
