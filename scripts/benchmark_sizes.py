@@ -251,13 +251,17 @@ def add_row(path, row, lock_file):
 
 
 def markdown(rows):
-    head = ("model", "method", "CPU s/update", "wall s/update", "peak RSS MB", "trained", "all", "ckpt MB", "compact")
+    head = ("model", "method", "CPU s/update", "wall s/update", "peak RSS MB", "trained", "all", "ckpt MB")
+    head += ("compact MB",)
+    from fairseq_idpg.methods import METHODS
+
+    order = list(METHODS)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (list(SIZES).index(r["model"]), order.index(r["method"]))):
         lines.append(
             f"| {r['model']} | {r['method']} | {r['seconds_per_update_cpu']} | {r['seconds_per_update_wall']} | "
             f"{int(r['peak_rss_mb']):,} | {int(r['trained_params']):,} | {int(r['all_params']):,} | "
-            f"{r['checkpoint_mb']} | {r['compact_mb']} MB |"
+            f"{r['checkpoint_mb']} | {r['compact_mb']} |"
         )
     return "\n".join(lines)
 
