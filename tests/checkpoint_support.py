@@ -10,6 +10,7 @@ test_adapters.py, test_inducer.py, test_frozen_roberta.py, test_hub.py). No test
 - ``hub`` (``RobertaModel.from_pretrained`` of a run), ``hub_dev_accuracy`` (its accuracy on the raw
   dev sentences), ``assert_hub_agrees_with_validation`` (on a few dev examples, the hub reproduces
   the prepared tokens and the predictions of the model fairseq-validate loads).
+- ``fairseq_train``: fairseq-train's own ``main`` in this process (test_hub.py, test_sizes.py).
 """
 
 import types
@@ -130,6 +131,18 @@ def forget_best_score():
 
     if hasattr(checkpoint_utils.save_checkpoint, "best"):
         del checkpoint_utils.save_checkpoint.best
+
+
+def fairseq_train(argv):
+    """fairseq-train's ``cli_main`` without the interpreter start: parse, then ``main``, from the
+    state a new process has."""
+    from fairseq import distributed_utils, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    forget_best_score()
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
 
 
 def hub(save, checkpoint="checkpoint_best.pt", data=None, **overrides):

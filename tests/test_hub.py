@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from checkpoint_support import HEAD, REPO, STANDIN, forget_best_score, hub, hub_dev_accuracy, load_trained
+from checkpoint_support import HEAD, REPO, STANDIN, fairseq_train, hub, hub_dev_accuracy, load_trained
 
 from fairseq_idpg.methods import METHODS as RECORDS
 from fairseq_idpg.methods import get_method
@@ -30,18 +30,6 @@ DIMS += ["--encoder-attention-heads", "12", "--max-positions", "512"]
 def test_one_method_of_every_frozen_backbone_family_is_trained_here():
     assert set(ONE_PER_FAMILY) == {m.arch for m in RECORDS.values() if m.frozen_backbone}
     assert all(get_method(name).arch == arch for arch, name in ONE_PER_FAMILY.items())
-
-
-def fairseq_train(argv):
-    """fairseq-train's ``cli_main`` without the interpreter start: parse, then ``main``, from the
-    state a new process has."""
-    from fairseq import distributed_utils, options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq_cli import train
-
-    forget_best_score()
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
 
 
 @pytest.fixture(scope="module")
