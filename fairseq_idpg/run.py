@@ -741,13 +741,15 @@ def execute(p):
     trained = trained_before(p)
     save.mkdir(parents=True, exist_ok=True)
     (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
+    failure = None
     try:
         if not trained:
             train(p)
-    except RunError:
-        if divergence(save / "train.log") is None:
-            raise
+    except RunError as e:  # fairseq's FloatingPointError is a divergence, any other failure stays one
+        failure = e
     found = divergence(save / "train.log")
+    if found is None and failure is not None:
+        raise failure
     if found is not None:
         (save / "crash.pt").unlink(missing_ok=True)  # fairseq's copy of the diverged state: nothing to resume
         write_record(p, {}, diverged=found)

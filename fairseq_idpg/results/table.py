@@ -189,7 +189,7 @@ def score_text(mean, std, published=math.nan, digits=1, diverged=0) -> str:
 
 def lr_text(cell: pd.Series) -> str:
     """``0.005 (n 3)``: the chosen lr and the seed count of a cell (``(n 3, 1 diverged)`` where runs diverged)."""
-    diverged = cell.get("diverged", 0)
+    diverged = _diverged(cell)
     if pd.notna(diverged) and diverged > 0:
         return f"{cell['lr']} (n {cell['n']:.0f}, {diverged:.0f} diverged)"
     return MISSING if pd.isna(cell["mean"]) else f"{cell['lr']} (n {cell['n']:.0f})"
