@@ -37,8 +37,9 @@ class Recipe:
     """The optimisation settings a paper trains a method with: what run.sh passes to fairseq-train.
 
     - ``lr`` (None: the task's row of fairseq's GLUE table, ``FINETUNE_TABLE``), ``lr_grid``: the
-      paper's search grid; ``scheduler``: "fixed" (constant lr) or "polynomial_decay" (linear decay
-      to 0 after ``warmup``, a fraction of the updates).
+      paper's search grid; ``head_lr``: the classification head's own lr (None: ``lr`` trains it too;
+      ``fairseq_idpg/optim.py`` says what the head is); ``scheduler``: "fixed" (constant lr) or
+      "polynomial_decay" (linear decay to 0 after ``warmup``, a fraction of the updates).
     - The budget: ``batch`` (effective, per update) and ``epochs``, or ``updates`` given outright;
       ``per_task`` overrides any field for named tasks (IDPG: batch 32, 10 epochs on the large tasks).
     - ``clip_norm`` (0: none), ``weight_decay`` (fairseq's Adam decouples it, as AdamW does),
@@ -51,6 +52,7 @@ class Recipe:
 
     lr: Optional[float] = None
     lr_grid: Tuple[float, ...] = ()
+    head_lr: Optional[float] = None
     scheduler: str = "polynomial_decay"
     warmup: float = 0.06
     batch: Optional[int] = None
@@ -278,6 +280,21 @@ def prompt_method(name, preset, recipe, description, source):
 
 for _row in _PROMPT_METHODS:
     prompt_method(*_row)
+# DPT's own lr (section 4.2: 0.3, for T5's prompt alone: no head trains there) for the prompt, beside a
+# classification head at its own lr, the 5e-3 the long-prompt records train everything with: a 0.3 head
+# is unstable (docs/long-prompts.md, section 4). The dpt model; the lr alone differs.
+register(
+    replace(
+        METHODS["dpt"], name="dpt-paper-lr",
+        recipe=replace(
+            LONG_PROMPT_RECIPE, lr=0.3, lr_grid=(), head_lr=5e-3,
+            sources={**LONG_PROMPT_RECIPE.sources, "lr": "DPT section 4.2: 0.3 (the prompt's)",
+                     "head_lr": "adapted: DPT trains no head (T5); the long-prompt records' lr, IDPG's top"},
+        ),
+        preset={}, description="DPT at the paper's lr: the prompt at 0.3, the head at 5e-3 (--head-lr)",
+        source="DPT section 4.2",
+    )
+)  # fmt: skip
 
 # IDPG (--arch roberta_idpg): instance-dependent prompts; M(x) cached by its task. The presets are the
 # IDPG rows of IDPG Table 1 / Table 2 and the released scripts; what they leave open is roberta_idpg's

@@ -476,6 +476,7 @@ class Budget:
     metric: str
     regression: bool
     num_outputs: int
+    head_lr: Optional[float] = None  # the classification head's own lr (None: --lr trains everything)
 
     @property
     def evals(self):
@@ -500,6 +501,7 @@ def plan(request, argv=None, log=print):
     if seconds is not None:
         timings["prepare"] = round(seconds, 1)
     budget = decide_budget(request, task, recipe, data, lr, batch, batch_size, update_freq)
+    budget = dataclasses.replace(budget, head_lr=request.head_lr if request.head_lr is not None else recipe.head_lr)
     config = configuration(request, task, method, recipe, backbone, data, budget)
     complete = backbone.present and data.provenance is not None
     run_name = f"lr{format_lr(lr)}.seed{request.seed}.{config_hash(config) if complete else '<hash>'}"
@@ -648,6 +650,7 @@ def configuration(request, task, method, recipe, backbone, data, budget):
         "metric": budget.metric, "max_tokens": request.max_tokens, "fp16": request.fp16,
         "extra_args": list(request.extra_args),
         "layout": {"nproc": request.nproc, "batch_size": budget.batch_size, "update_freq": budget.update_freq},
+        **({"head_lr": budget.head_lr} if budget.head_lr is not None else {}),  # added since: hashed only when set
         **request.config_options(),  # options added since: hashed only when not at their default
     }  # fmt: skip
 
@@ -681,6 +684,11 @@ def train_command(request, method, recipe, backbone, data, budget, save):
     if recipe.scheduler != "fixed":
         schedule = ["--lr-scheduler", "polynomial_decay", "--total-num-update", b.updates]
         schedule += ["--warmup-updates", b.warmup_updates]
+    optimizer = ["--optimizer", "adam"]
+    if b.head_lr is not None:  # the head at its own lr: fairseq_idpg/optim.py
+        optimizer = ["--optimizer", "adam_head_lr", "--head-lr", b.head_lr]
+        # fp16's one flat fp32 copy of the trained tensors would merge the head into the rest
+        optimizer += ["--fp16-no-flatten-grads"] if request.fp16 else []
     # a command line reads best as flag-value pairs
     # fmt: off
     train = [
@@ -689,7 +697,7 @@ def train_command(request, method, recipe, backbone, data, budget, save):
         "--init-token", 0, "--separator-token", 2,
         *[x for kv in backbone.dims.items() for x in kv], *init,
         "--dropout", recipe.dropout, "--attention-dropout", recipe.dropout, "--weight-decay", recipe.weight_decay,
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--adam-eps", 1e-06, "--clip-norm", recipe.clip_norm,
+        *optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", 1e-06, "--clip-norm", recipe.clip_norm,
         *schedule, "--lr", b.lr, "--max-update", b.updates,
         "--valid-subset", ",".join(b.valid_subset),
         "--best-checkpoint-metric", b.metric, "--maximize-best-checkpoint-metric",
@@ -715,7 +723,9 @@ def describe(budget, recipe, extra=()):
         f"batch {b.batch} ({b.batch_size} per device x {b.batch // b.batch_size // b.update_freq} device(s) x "
         f"update-freq {b.update_freq}), "
         + (f"{b.epochs:g} epochs of {b.train_examples:,} examples = " if b.epochs is not None else "")
-        + f"{b.updates:,} updates, lr {b.lr:g} ({recipe.scheduler}"
+        + f"{b.updates:,} updates, lr {b.lr:g}"
+        + (f", head lr {b.head_lr:g}" if b.head_lr is not None else "")
+        + f" ({recipe.scheduler}"
         + (f", warmup {recipe.warmup:.0%} = {b.warmup_updates:,} updates" if decay else "")
         + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, dropout {recipe.dropout:g}, "
         + f"selection on {b.select} ({SPLIT_NAMES.get(b.select, b.select)}) by {b.metric}"

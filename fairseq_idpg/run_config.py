@@ -106,6 +106,9 @@ class RunConfig:
                                            check=POSITIVE)
     data_seed: int = option(1, "seed of --few-shot / --dev-from-train (default 1)", check=NON_NEGATIVE)
     lr: Optional[float] = option(None, "learning rate", "budget", check=POSITIVE)
+    head_lr: Optional[float] = option(None, "the classification head's own learning rate (default: the recipe's, "
+                                      "else --lr for all); the lr schedule scales both alike", "budget",
+                                      check=POSITIVE)
     max_update: Optional[int] = option(None, "updates (the stand-in: 300)", "budget", check=POSITIVE,
                                        excludes=("epochs", "both set the budget"))
     epochs: Optional[float] = option(None, "or the budget in epochs of the prepared train set", "budget",
@@ -224,7 +227,8 @@ class RunConfig:
         return cls(
             task=config["task"], method=config["method"]["name"], model=config["model"]["name"], seed=config["seed"],
             few_shot=provenance.get("few_shot"), dev_from_train=provenance.get("dev_from_train"),
-            data_seed=provenance["seed"] if sampled else 1, lr=config["lr"], total_batch=config["batch"], **budget,
+            data_seed=provenance["seed"] if sampled else 1, lr=config["lr"], head_lr=config.get("head_lr"),
+            total_batch=config["batch"], **budget,
             nproc=config["layout"]["nproc"], batch_size=config["layout"]["batch_size"],
             update_freq=config["layout"]["update_freq"], max_tokens=config["max_tokens"], fp16=config["fp16"],
             extra_args=tuple(config["extra_args"]), **added, **run,

@@ -18,13 +18,14 @@ A specification is a YAML file (``examples/*/``)::
       - m-idpg-phm
       - {label: m-idpg-phm-pos1, method: m-idpg-phm, args: [--prompt-position, 1]}
     lrs: paper                        # paper (default): the recipe's grid; recipe: its one lr; or a list
+    head_lrs: [5.0e-3, 1.0e-3]        # optional: the classification head's own lrs (--head-lr), a grid beside lrs
     seeds: [1, 2, 3, 4, 5]
     budget: full                      # or {few_shot: [100, 500, 1000], data_seed: seed} or {dev_from_train: N};
                                       # few_shot may name K per task: {default: 1000, CR: 775}
     max_update: 300                   # optional: every run's updates (smoke versions)
     args: []                          # optional: fairseq-train flags for every run
 
-A variant (a mapping in ``methods``) may also set its own ``lrs``, ``seeds``, ``tasks``,
+A variant (a mapping in ``methods``) may also set its own ``lrs``, ``head_lrs``, ``seeds``, ``tasks``,
 ``max_update``. A run is one ``scripts/run.sh TASK --method M --lr X --seed S ...`` (fairseq_idpg/run.py),
 whose folder is named by its configuration's hash: the sweep decides every run first (preparing
 the data each needs, one folder at a time), skips those with a ``results.json``, and starts the
@@ -44,6 +45,7 @@ see fairseq_idpg/sweep_estimate.py and docs/sweeps.md).
 """
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -66,8 +68,8 @@ from fairseq_idpg.run import REPO, format_duration, format_lr, plan, quiet
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
-SPEC_KEYS |= {"max_update", "args"}
-VARIANT_KEYS = {"label", "method", "args", "lrs", "seeds", "tasks", "max_update"}
+SPEC_KEYS |= {"max_update", "args", "head_lrs"}
+VARIANT_KEYS = {"label", "method", "args", "lrs", "head_lrs", "seeds", "tasks", "max_update"}
 BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
 
 
@@ -102,6 +104,7 @@ class Run:
     @property
     def name(self):
         lr = f"lr{format_lr(self.lr)}" if self.lr is not None else "lr-recipe"
+        lr += f".headlr{format_lr(self.head_lr)}" if self.head_lr is not None else ""
         if self.few_shot is not None:
             data = f"K={self.few_shot}.data{self.data_seed}."
         else:
@@ -197,6 +200,11 @@ def _lrs(value, method, task, where):
     return [float(v) for v in _list(value, where, float)]
 
 
+def _head_lrs(value, where):
+    """The head lrs a run list gets: [None] (the recipe's, else the lr) or the list given."""
+    return [None] if value is None else [float(v) for v in _list(value, where, float)]
+
+
 def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update=None):
     """The specification at ``path`` as its list of runs (``tasks``, ``methods``, ``seeds`` narrow it;
     ``model`` and ``max_update`` override it). SweepError names the key and what is valid."""
@@ -219,6 +227,7 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
             "seeds": [s for s in _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
                       if not seeds or s in seeds],
             "lrs": variant.get("lrs", data.get("lrs")),
+            "head_lrs": _head_lrs(variant.get("head_lrs", data.get("head_lrs")), f"{where}: head_lrs"),
             "max_update": max_update if max_update is not None else updates,
             "args": base_args + [str(a) for a in variant.get("args", [])],
         }  # fmt: skip
@@ -297,16 +306,16 @@ def _variant(entry, labels, path):
     return {**variant, "label": label}
 
 
-def _runs(model, task, variant, budgets, where, seeds, lrs, max_update, args):
-    """One variant's runs on one task: every budget x lr x seed."""
+def _runs(model, task, variant, budgets, where, seeds, lrs, head_lrs, max_update, args):
+    """One variant's runs on one task: every budget x lr x head lr x seed."""
     from fairseq_idpg.methods import METHODS
 
     runs, name = [], variant["method"]
     for b in budgets:
-        for lr in _lrs(lrs, METHODS[name], task, f"{where}: lrs"):
+        for lr, head_lr in itertools.product(_lrs(lrs, METHODS[name], task, f"{where}: lrs"), head_lrs):
             for seed in seeds:
                 sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
-                request = RunConfig(task, name, model, seed, lr=lr, few_shot=b.get("few_shot"),
+                request = RunConfig(task, name, model, seed, lr=lr, head_lr=head_lr, few_shot=b.get("few_shot"),
                                     dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
                                     max_update=max_update)  # fmt: skip
                 try:
@@ -330,7 +339,9 @@ def describe(run, p):
     c = p.config
     epochs = f"{c['epochs']:g} epochs = " if c["epochs"] is not None else ""
     return (
-        f"{run.task:6} {run.label:22} {run.budget:7} lr {c['lr']:<8g} seed {run.seed}  "
+        f"{run.task:6} {run.label:22} {run.budget:7} lr {c['lr']:<8g} "
+        + (f"head lr {c['head_lr']:<8g} " if "head_lr" in c else "")
+        + f"seed {run.seed}  "
         f"batch {c['batch']}, {epochs}{c['updates']:,} updates  -> {p.folder}"
     )
 
@@ -342,7 +353,7 @@ def summary(spec, runs):
         by_label.setdefault(r.label, []).append(r)
     for label, rs in by_label.items():
         n_tasks, n_budgets = len({r.task for r in rs}), len({r.budget for r in rs})
-        n_lrs, n_seeds = len({r.lr for r in rs}), len({r.seed for r in rs})
+        n_lrs, n_seeds = len({(r.lr, r.head_lr) for r in rs}), len({r.seed for r in rs})
         product = n_tasks * n_budgets * n_lrs * n_seeds
         shape = f"{n_tasks} task(s) x {n_lrs} lr(s) x {n_seeds} seed(s)" + (
             f" x {n_budgets} budgets" if n_budgets > 1 else ""

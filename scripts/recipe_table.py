@@ -15,6 +15,7 @@ from fairseq_idpg.methods import LARGE_TASKS, METHODS
 DOC = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
 FIELDS = (
     "lr",
+    "head_lr",
     "scheduler",
     "warmup",
     "batch",
@@ -66,7 +67,8 @@ def render():
         "model folder) the number of updates is epochs x ceil(train examples / batch); the offline",
         "stand-in keeps a short smoke budget. Selection: the dev split whose metric picks",
         "`checkpoint_best.pt` (MNLI: `valid` = dev-matched, `valid1` = dev-mismatched; other tasks",
-        f"have only `valid`). Large tasks: {', '.join(LARGE_TASKS)}.",
+        f"have only `valid`). Large tasks: {', '.join(LARGE_TASKS)}. `head X`: the classification head trains at",
+        "its own lr X (`--head-lr`, docs/training.md); elsewhere the head trains at the lr.",
         "",
         "| method | arch | lr (grid) | scheduler, warmup | batch | budget | clip | weight decay | dropout | selection "
         "| per task |",
@@ -77,6 +79,8 @@ def render():
         lr = _num(r.lr) if r.lr is not None else "per task"
         if r.lr_grid:
             lr += " (" + ", ".join(_num(x) for x in r.lr_grid) + ")"
+        if r.head_lr is not None:
+            lr += f"; head {_num(r.head_lr)}"
         schedule = r.scheduler + ("" if r.scheduler == "fixed" else f", {r.warmup:.0%}")
         lines.append(
             f"| `{name}` | `{method.arch}` | {lr} | {schedule} | {_num(r.batch)} | {_budget(r)} | {_num(r.clip_norm)} "

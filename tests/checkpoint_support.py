@@ -28,17 +28,21 @@ HEAD = "sentence_classification_head"  # the head fairseq-train registers (--cla
 
 
 # ---------------------------------------------------------------------------------------- in-process resume
-def fairseq_adam(model, lr=1e-2, total=10):
+def fairseq_adam(model, lr=1e-2, total=10, head_lr=None, weight_decay=0.1):
     """fairseq's Adam (the run.sh settings) over the model's trained tensors, in the order fairseq's
-    trainer hands them over, and its polynomial-decay scheduler."""
+    trainer hands them over, and its polynomial-decay scheduler; ``head_lr``: ``--optimizer adam_head_lr``
+    with the head (marked as the task marks it) at that lr."""
     from fairseq.optim.adam import FairseqAdam
     from fairseq.optim.lr_scheduler.polynomial_decay_schedule import PolynomialDecayLRSchedule
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    from fairseq_idpg.optim import AdamHeadLr, mark_head
+
+    params = [p for p in mark_head(model).parameters() if p.requires_grad]
     cfg = types.SimpleNamespace(
-        lr=[lr], weight_decay=0.1, adam_betas="(0.9, 0.98)", adam_eps=1e-6, tpu=False, fp16_adam_stats=False
-    )
-    optimizer = FairseqAdam(cfg, params)
+        lr=[lr], weight_decay=weight_decay, adam_betas="(0.9, 0.98)", adam_eps=1e-6, tpu=False, fp16_adam_stats=False,
+        head_lr=head_lr,
+    )  # fmt: skip
+    optimizer = FairseqAdam(cfg, params) if head_lr is None else AdamHeadLr(cfg, params)
     schedule = types.SimpleNamespace(
         lr=[lr], warmup_updates=2, total_num_update=total, end_learning_rate=0.0, power=1.0, force_anneal=None
     )
@@ -58,10 +62,11 @@ def train_steps(model, optimizer, scheduler, updates):
         scheduler.step_update(update + 1)
 
 
-def resume_matches_uninterrupted(build, path, steps=3, more=3):
-    """``build(seed)`` -> a model with head "head"; returns the saved checkpoint's model state."""
+def resume_matches_uninterrupted(build, path, steps=3, more=3, **adam):
+    """``build(seed)`` -> a model with head "head"; returns the saved checkpoint's model state. ``adam``:
+    ``fairseq_adam``'s options (``head_lr``: the resumed run's lrs are checked too)."""
     model = build(0)
-    optimizer, scheduler = fairseq_adam(model)
+    optimizer, scheduler = fairseq_adam(model, **adam)
     train_steps(model, optimizer, scheduler, range(steps))
     # what fairseq's trainer saves: model state, optimizer state, lr-scheduler state, update count
     torch.save(
@@ -79,11 +84,12 @@ def resume_matches_uninterrupted(build, path, steps=3, more=3):
     resumed = build(1)  # other random weights: everything trained must come from the file
     resumed.load_state_dict(state["model"])
     # as Trainer.load_checkpoint: the optimizer is rebuilt after the model is loaded, then restored
-    optimizer, scheduler = fairseq_adam(resumed)
+    resumed_optimizer, scheduler = fairseq_adam(resumed, **adam)
     scheduler.load_state_dict(state["lr_scheduler_state"])
-    optimizer.load_state_dict(state["last_optimizer_state"])
+    resumed_optimizer.load_state_dict(state["last_optimizer_state"])
     scheduler.step_update(state["num_updates"])
-    train_steps(resumed, optimizer, scheduler, range(steps, steps + more))
+    train_steps(resumed, resumed_optimizer, scheduler, range(steps, steps + more))
+    assert [g["lr"] for g in resumed_optimizer.param_groups] == [g["lr"] for g in optimizer.param_groups]
 
     expected, got = dict(model.named_parameters()), dict(resumed.named_parameters())
     assert expected.keys() == got.keys()

@@ -1,9 +1,10 @@
 """Run records as one table: every ``results.json`` (a run folder of ``scripts/run.sh``) and every
 ``*.json`` under a ``records`` folder (a sweep's copies), one row per run.
 
-A row holds what the table needs: the cell (model, budget, task, label), the method, lr, seed and
-data seed, the metric, the dev score that selects (``dev``: the metric on ``select_on``), the
-reported split and its score (``reported``), and the learning curve. The reported split is the
+A row holds what the table needs: the cell (model, budget, task, label), the method, lr and
+``head_lr`` (the classification head's own, ``--head-lr``; NaN where the head trained at the lr),
+seed and data seed, the metric, the dev score that selects (``dev``: the metric on ``select_on``),
+the reported split and its score (``reported``), and the learning curve. The reported split is the
 official set: ``test`` (``test1`` when ``valid1`` selects) where the record has it (sampled data:
 few-shot or dev-from-train, whose dev set comes from train), else the selection split itself (full
 data: the papers report GLUE dev).
@@ -20,6 +21,7 @@ from fairseq_idpg.errors import ConfigError
 
 REQUIRED = ("task", "model", "method", "metric", "select_on", "results", "seed", "lr")
 CELL = ["model", "budget", "task", "label"]
+LRS = ["lr", "head_lr"]  # a run's learning rates: the grid a cell selects from
 REPLICATE = ["seed", "data_seed"]  # one run of a cell at one lr: fairseq-train's seed and the data sample's
 SWEEP_FIELDS = ("label", "budget")  # what a sweep adds to the results.json it copies to its records
 
@@ -86,6 +88,7 @@ def row_of(record: dict, path: Path) -> dict:
     diverged = bool(record.get("diverged"))  # a result without scores (run.py: a NaN or inf loss)
     split = select_on if diverged else reported_split(results, select_on)
     provenance = ((record.get("config") or {}).get("data") or {}).get("provenance") or {}
+    head_lr = (record.get("config") or {}).get("head_lr")  # absent: the head trained at the lr
     return {
         "model": model_name(record["model"]),
         "budget": record.get("budget") or budget_of(record),  # a sweep's name for it, else the provenance's
@@ -93,6 +96,7 @@ def row_of(record: dict, path: Path) -> dict:
         "label": record.get("label") or record["method"],
         "method": record["method"],
         "lr": float(record["lr"]),
+        "head_lr": math.nan if head_lr is None else float(head_lr),
         "seed": int(record["seed"]),
         "data_seed": provenance.get("seed"),
         "metric": metric,
@@ -115,7 +119,7 @@ def same_run(a: dict, b: dict) -> bool:
 
 def read_records(folders: Iterable[Path]) -> pd.DataFrame:
     """One row per run found below ``folders``. A folder with no record, an unreadable record, or
-    two different records of one run (cell, lr, seed, data seed) is a ``RecordsError``; the same
+    two different records of one run (cell, lrs, seed, data seed) is a ``RecordsError``; the same
     run found twice (a run folder and its copy in a sweep's records) counts once."""
     rows, seen = [], {}
     for folder in map(Path, folders):
@@ -132,7 +136,8 @@ def read_records(folders: Iterable[Path]) -> pd.DataFrame:
             if not isinstance(record, dict):
                 raise RecordsError(f"{path}: not a run record (not a JSON object)")
             row = row_of(record, path)
-            key = tuple(row[k] for k in CELL + ["lr"] + REPLICATE)
+            key = tuple(row[k] for k in CELL + LRS + REPLICATE)
+            key = tuple(None if isinstance(v, float) and math.isnan(v) else v for v in key)  # NaN != NaN
             if key in seen:
                 first, first_record = seen[key]
                 if same_run(first_record, record):

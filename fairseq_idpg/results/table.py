@@ -3,7 +3,7 @@ seeds of the reported split, the average over tasks, the published numbers besid
 
 Selection (per cell = model, budget, task, label):
 - ``mean-dev`` (default, the IDPG protocol): the lr whose mean dev score over its seeds is best;
-  its seeds are reported.
+  its seeds are reported. An lr is the pair (lr, head lr) where runs set the head's own (``--head-lr``).
 - ``best-per-seed`` (LM-BFF's ``tools/gather_result.py``): for each seed the lr with the best dev
   score; the seeds' chosen runs are reported.
 
@@ -17,13 +17,14 @@ over those same tasks.
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
 from ..preprocessing.formats import TASKS
-from .records import CELL, REPLICATE, default_budget
+from .records import CELL, LRS, REPLICATE, default_budget
 
 SELECTIONS = ("mean-dev", "best-per-seed")
 SELECTION_TEXT = {
@@ -44,33 +45,44 @@ def choose_runs(runs: pd.DataFrame, selection: str = "mean-dev") -> pd.DataFrame
     cell is then shown as diverged)."""
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {selection!r}")
-    ordered = runs.sort_values(CELL + ["lr"] + REPLICATE, kind="stable")
+    runs = runs if "head_lr" in runs else runs.assign(head_lr=math.nan)
+    ordered = runs.sort_values(CELL + LRS + REPLICATE, kind="stable")
     diverged = ordered["diverged"].astype(bool) if "diverged" in ordered else pd.Series(False, index=ordered.index)
     ordered = ordered.assign(diverged=diverged, rank=ordered["dev"].where(~diverged, -math.inf))
     if selection == "best-per-seed":
         best = ordered.loc[ordered.groupby(CELL + REPLICATE, dropna=False, sort=False)["rank"].idxmax()]
         return best.drop(columns="rank").reset_index(drop=True)
-    by_lr = ordered.groupby(CELL + ["lr"], dropna=False, sort=False)["rank"].mean().reset_index()
-    chosen = by_lr.loc[by_lr.groupby(CELL, dropna=False, sort=False)["rank"].idxmax(), CELL + ["lr"]]
-    return ordered.merge(chosen, on=CELL + ["lr"]).drop(columns="rank").reset_index(drop=True)
+    by_lr = ordered.groupby(CELL + LRS, dropna=False, sort=False)["rank"].mean().reset_index()
+    chosen = by_lr.loc[by_lr.groupby(CELL, dropna=False, sort=False)["rank"].idxmax(), CELL + LRS]
+    return ordered.merge(chosen, on=CELL + LRS).drop(columns="rank").reset_index(drop=True)
 
 
 def format_lr(lrs) -> str:
-    """One lr as ``5e-3``-style ``%g``; several (best-per-seed) as ``0.005 x3, 0.001 x2``."""
-    counts = pd.Series(list(lrs)).value_counts(sort=False).sort_index(ascending=False)
-    if len(counts) == 1:
-        return f"{counts.index[0]:g}"
-    return ", ".join(f"{lr:g} x{n}" for lr, n in counts.items())
+    """One lr as ``5e-3``-style ``%g`` (an (lr, head lr) pair where the head had its own: ``0.3, head 0.005``);
+    several (best-per-seed) as ``0.005 x3, 0.001 x2``, the largest first."""
+    pairs = [lr if isinstance(lr, tuple) else (lr, None) for lr in lrs]
+    counts = Counter((float(lr), None if pd.isna(head) else float(head)) for lr, head in pairs)
+    ordered = sorted(counts, key=lambda pair: (pair[0], pair[1] or 0.0), reverse=True)
+    if len(ordered) == 1:
+        return lr_setting(*ordered[0])
+    return ", ".join(f"{lr_setting(*pair)} x{counts[pair]}" for pair in ordered)
+
+
+def lr_setting(lr, head_lr=None) -> str:
+    """``0.005``; ``0.3, head 0.005`` where the classification head trained at its own lr."""
+    return f"{lr:g}" + (f", head {head_lr:g}" if head_lr is not None else "")
 
 
 def cells(chosen: pd.DataFrame) -> pd.DataFrame:
     """One row per measured cell: method, metric, split, lr, n, mean, std (NaN for one seed)."""
+    head_lrs = chosen["head_lr"] if "head_lr" in chosen else [None] * len(chosen)
+    chosen = chosen.assign(lrs=list(zip(chosen["lr"], head_lrs)))
     grouped = chosen.groupby(CELL, dropna=False, sort=False)
     out = grouped.agg(
         method=("method", lambda s: "+".join(sorted(set(s)))),
         metric=("metric", "first"),
         split=("split", lambda s: "/".join(sorted(set(s)))),
-        lr=("lr", format_lr),
+        lr=("lrs", format_lr),
         n=("reported", "size"),
         mean=("reported", lambda s: s.mean(skipna=False)),  # NaN where a chosen run diverged
         diverged=("diverged", "sum"),

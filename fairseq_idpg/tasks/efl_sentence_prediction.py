@@ -35,6 +35,7 @@ from fairseq_idpg.data.label_descriptions import hypotheses_for
 from fairseq_idpg.errors import option_checks
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
+from fairseq_idpg.optim import mark_head
 
 from .model_protocol import inserted_tokens
 from .peft_sentence_prediction import PeftSentencePredictionConfig, PeftSentencePredictionTask
@@ -111,7 +112,7 @@ class EflSentencePredictionTask(PeftSentencePredictionTask):
             model = models.build_model(cfg, self, from_checkpoint)
         install_entailment_head(model, self.cfg.classification_head_name)
         self.set_num_inserted_tokens(inserted_tokens(model) + self.suffix_budget)
-        return model
+        return mark_head(model)
 
     # ------------------------------------------------------------------ pairs
     def pairs(self, src_tokens):

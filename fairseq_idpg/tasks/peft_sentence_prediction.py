@@ -12,6 +12,8 @@ Differences from fairseq's ``sentence_prediction`` (everything else is inherited
   absent, e.g. fine-tuning, adapters, LoRA) sets the truncation budget. Datasets are
   loaded after the model in fairseq-train and fairseq-validate; loading one earlier with
   another budget is an error, not a silent mis-truncation.
+- The classification head's parameters are marked for ``--optimizer adam_head_lr --head-lr``
+  (``fairseq_idpg/optim.py``).
 - ``--num-classes`` may be omitted when the data folder has the ``task.json`` written by
   ``scripts/prepare_data.py``; the task hands that ``TaskInfo`` to the models it builds as
   ``task.info`` (the task-model protocol: ``tasks/model_protocol.py``).
@@ -42,6 +44,7 @@ from fairseq_idpg.data import TruncatedSentencesDataset
 from fairseq_idpg.data.task_info import TaskInfo
 from fairseq_idpg.errors import ConfigError, option_checks
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS
+from fairseq_idpg.optim import mark_head
 
 from .model_protocol import inserted_tokens
 
@@ -89,7 +92,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         with option_checks():
             model = super().build_model(cfg, from_checkpoint)
         self.set_num_inserted_tokens(inserted_tokens(model))
-        return model
+        return mark_head(model)
 
     # ------------------------------------------------------------------ data
     def _load_split(self, key, split, dictionary, combine):
