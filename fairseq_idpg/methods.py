@@ -183,10 +183,11 @@ IDPG_RECIPE = Recipe(
              "epochs": IDPG_SOURCE + " (10 on SST-2, QNLI, QQP, MNLI)", "clip_norm": "released scripts (none)",
              "weight_decay": IDPG_SOURCE, "select_on": "IDPG Table 1 (dev metric; MNLI-matched)"},
 )  # fmt: skip
-# DPT (paper 002, section 3.1, on T5; the authors' code: AdamW, wd 1e-5, max grad norm 1.0, linear decay
-# with 10% warmup; README: batch 16, 100 epochs). Adapted to RoBERTa: lr 0.3 was tuned for T5 prompts
-# alone; here the classification head trains with the same lr, so the lr is the top of IDPG's grid.
-DPT_SOURCE = "DPT section 3.1 and the authors' code (T5)"
+# DPT (paper 002, section 4.2 "Settings", on T5: AdamW, lr 0.3, 100 epochs; the authors' code: wd 1e-5,
+# max grad norm 1.0, linear decay with 10% warmup; README: batch 16). Adapted to RoBERTa: lr 0.3 was tuned
+# for T5 prompts alone; here the classification head trains with the same lr, so the lr is the top of IDPG's
+# grid (dpt-paper-lr, below, trains the prompt at 0.3 beside a head at its own lr).
+DPT_SOURCE = "DPT section 4.2 and the authors' code (T5)"
 DPT_RECIPE = Recipe(
     lr=5e-3, lr_grid=IDPG_GRID, scheduler="polynomial_decay", warmup=0.1, batch=16, epochs=100, clip_norm=1.0,
     weight_decay=1e-5, select_on="valid",

@@ -1,7 +1,7 @@
 """``--optimizer adam_head_lr --head-lr LR``: fairseq's Adam, with the classification head at its own lr.
 
 Why: a method's own parameters and the head it trains beside them may need very different steps. DPT
-trains its prompt at lr 0.3 (DPT section 3.1, T5, where no head trains); a freshly initialised head at
+trains its prompt at lr 0.3 (DPT section 4.2, T5, where no head trains); a freshly initialised head at
 that lr diverges (docs/long-prompts.md, section 4), so with one shared lr the DPT records use 5e-3.
 
 What trains at which lr: the parameters marked ``param_group = "head"`` (fairseq's mark, which its
