@@ -166,6 +166,12 @@ TRAIN = {
     "backbone missing": ("lora", lambda w, t: ["--backbone", t / "gone.pt"], None, "gone.pt: no such file"),
     "backbone text": ("lora", lambda w, t: ["--backbone", text_file(t)], None, "notes.txt: not a fairseq checkpoint"),
     "lr 0": ("lora", lambda w, t: ["--lr", "0"], None, "--lr must be > 0 (the learning rate), got 0"),
+    "head lr -1": (
+        "dpt",
+        lambda w, t: ["--optimizer", "adam_head_lr", "--head-lr", "-1"],
+        None,
+        "--head-lr must be > 0 (the classification head's learning rate), got -1.0",
+    ),
     "num-classes 3": ("lora", lambda w, t: ["--num-classes", "3"], None, "--num-classes 3: the data in"),
     "no data folder": ("lora", lambda w, t: [], lambda w, t: t / "nowhere", "nowhere: no such folder"),
     "no label/": ("lora", lambda w, t: [], no_labels, "lacks label/dict.txt"),

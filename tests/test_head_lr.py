@@ -242,3 +242,6 @@ def test_the_table_selects_over_head_lrs_and_shows_the_chosen_one(tmp_path, caps
     text = capsys.readouterr().out
     assert "| dpt | 0.3, head 0.001 (n 2) |" in text and "| prompt-tuning-5 | 0.005 (n 1) |" in text
     assert "| dpt | 75.0 ± 21.2 |" in text
+    capsys.readouterr()
+    assert main([str(tmp_path), "--select", "best-per-seed"]) == 0  # seed 1: 5e-3 (70 > 60), seed 2: 1e-3
+    assert "| dpt | 0.3, head 0.005 x1; 0.3, head 0.001 x1 (n 2) |" in capsys.readouterr().out

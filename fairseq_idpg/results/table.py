@@ -59,13 +59,14 @@ def choose_runs(runs: pd.DataFrame, selection: str = "mean-dev") -> pd.DataFrame
 
 def format_lr(lrs) -> str:
     """One lr as ``5e-3``-style ``%g`` (an (lr, head lr) pair where the head had its own: ``0.3, head 0.005``);
-    several (best-per-seed) as ``0.005 x3, 0.001 x2``, the largest first."""
+    several (best-per-seed) as ``0.005 x3, 0.001 x2``, the largest first (pairs: ``0.3, head 0.005 x2; ...``)."""
     pairs = [lr if isinstance(lr, tuple) else (lr, None) for lr in lrs]
     counts = Counter((float(lr), None if pd.isna(head) else float(head)) for lr, head in pairs)
     ordered = sorted(counts, key=lambda pair: (pair[0], pair[1] or 0.0), reverse=True)
     if len(ordered) == 1:
         return lr_setting(*ordered[0])
-    return ", ".join(f"{lr_setting(*pair)} x{counts[pair]}" for pair in ordered)
+    separator = "; " if any(head is not None for _, head in ordered) else ", "
+    return separator.join(f"{lr_setting(*pair)} x{counts[pair]}" for pair in ordered)
 
 
 def lr_setting(lr, head_lr=None) -> str:
