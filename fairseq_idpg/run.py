@@ -136,16 +136,14 @@ def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=
 
 def model_dims(checkpoint):
     """Encoder flags of a fairseq RoBERTa checkpoint (new cfg or old args), no tensor read."""
-    from fairseq_idpg.errors import ConfigError
-    from fairseq_idpg.models.frozen_roberta import read_backbone
+    from fairseq_idpg.models.frozen_roberta import load_checkpoint_file
 
     try:
-        read_backbone(checkpoint)  # one line for a folder, a file that is not a (whole) fairseq checkpoint
-    except ConfigError as e:
-        raise RunError(str(e).replace("--backbone ", "", 1).split("; ")[0]) from None
-    import torch
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        state = load_checkpoint_file(checkpoint)
+    except Exception as e:
+        # unpickling, zip and EOF errors of a file that is not a (whole) checkpoint
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"{checkpoint}: not a fairseq checkpoint (torch.load: {reason})") from None
     try:
         m = state["cfg"]["model"] if state.get("cfg") is not None else vars(state["args"])
         get = (lambda k: getattr(m, k)) if not isinstance(m, dict) else m.__getitem__
@@ -437,8 +435,7 @@ def warn_missing(missing, prog):
 
 
 def job(request, argv):
-
-    check(request)
+    missing = check(request).missing
     p = plan(request, argv)
     if request.dry_run:
         if not p.complete:
@@ -446,7 +443,7 @@ def job(request, argv):
         if request.restart and p.folder.exists():
             print(f"--restart would remove {p.folder}")
         print("+ " + shlex.join(p.train))
-        warn_missing(p.missing, "run.sh")
+        warn_missing(missing, "run.sh")
         return 0
     return execute(p)
 
@@ -557,7 +554,9 @@ def check(request):
     try:
         check_train_command(p.train, p.model_dir / "dict.txt" if have_model else None)
     except ConfigError as e:
-        raise RunError(str(e)) from None
+        if not (request.dry_run and FileNotFoundError in (type(e).__mro__ + type(e.__context__).__mro__)):
+            raise RunError(str(e)) from None
+        p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
     return p
 
 

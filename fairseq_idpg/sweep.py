@@ -328,13 +328,12 @@ def plan_run(run, model, work_dir, dry, decide=lambda request: plan(request, log
 
 def check_runs(runs, model, work_dir, dry):
     """run.py's check of each distinct method and flags (the first run of each), before any data is prepared:
-    a sweep is refused in one line before it writes anything (~0.2 s each)."""
+    a sweep is refused in one line before it writes anything (~0.2 s each). Returns what a dry run lacks."""
     distinct = {}
     for run in runs:
         request = run.request(model, work_dir, dry)
         distinct.setdefault((request.method, request.extra_args), run)
-    for run in distinct.values():
-        plan_run(run, model, work_dir, dry, decide=check)
+    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=check).missing]
 
 
 def describe(run, p):
@@ -713,7 +712,7 @@ def sweep(opts):
     records = Path(opts.records) if opts.records else sweep_dir / "records"
     print(summary(spec, spec.runs), flush=True)
 
-    check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
+    missing = check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
     # every run decided first: data prepared (one folder at a time), folders known, finished ones found
     plans = []
     for i, run in enumerate(spec.runs):
@@ -731,7 +730,8 @@ def sweep(opts):
         if not all(p.complete for _, p in plans):
             print("(<hash>: known once the model file and the prepared data exist)")
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
-        warn_missing([m for _, p in plans for m in p.missing], "sweep")
+        warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
+
         return 0
 
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)

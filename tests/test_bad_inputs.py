@@ -339,6 +339,13 @@ def absent_model():
     return "roberta.base"
 
 
+def no_glove():
+    """No flags: M-IDPG-PHM-GloVe then reads data/glove/glove.6B.300d.txt, which no test downloads."""
+    if (REPO / "data" / "glove" / "glove.6B.300d.txt").exists():
+        pytest.skip("data/glove/glove.6B.300d.txt exists here")
+    return []
+
+
 # case: (run.sh flags after SST-2 on the tiny backbone and 8-row raw data: (world, tmp) -> list, expected)
 RUN_CHECKED = {
     "PHM n 5": (lambda w, t: ["--method", "m-idpg-phm", "--idpg-phm-n", "5"], "--idpg-phm-n 5 must divide the gen"),
@@ -353,6 +360,7 @@ RUN_CHECKED = {
     "model not a checkpoint": (lambda w, t: ["--model", not_a_checkpoint(w, t)], "not a fairseq checkpoint (torch"),
     "model cut": (lambda w, t: ["--model", not_a_checkpoint(w, t, lambda t: truncated(w, t))], "not a fairseq checkp"),
     "model and raw missing": (lambda w, t: ["--model", absent_model(), "--raw", t / "nowhere"], "nowhere"),
+    "GloVe vectors missing": (lambda w, t: ["--method", "m-idpg-phm-glove", *no_glove()], "needs GloVe vectors"),
     "prepare refuses, said once": (
         lambda w, t: ["--raw", sst2(t / "header-only", train="sentence\tlabel\n")],
         "train.tsv: no examples",
@@ -389,6 +397,10 @@ DRY_RUN = {
     "model and raw missing": (
         lambda w, t: ["--model", absent_model(), "--raw", t / "nowhere"],
         ["models/roberta.base/model.pt", "nowhere"],
+    ),
+    "GloVe vectors missing": (
+        lambda w, t: ["--model", w.tiny.folder, "--method", "m-idpg-phm-glove", *no_glove()],
+        ["needs GloVe vectors"],
     ),
 }
 
