@@ -41,7 +41,10 @@ budget (300 updates; full fine-tuning at lr 5e-5).
 Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are checked first.
 
 The request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's flags as typed fields);
-``plan()`` resolves it into the configuration and commands, ``execute()`` trains and scores.
+``check()`` refuses it in one line before anything is prepared or written (every missing file, and the
+fairseq-train command it makes, parsed by fairseq and its model built on the meta device), ``plan()``
+resolves it into the configuration and commands, ``execute()`` trains and scores.
+
 """
 
 import dataclasses
@@ -554,7 +557,8 @@ def check(request):
     try:
         check_train_command(p.train, p.model_dir / "dict.txt" if have_model else None)
     except ConfigError as e:
-        if not (request.dry_run and FileNotFoundError in (type(e).__mro__ + type(e.__context__).__mro__)):
+        missing_file = isinstance(e, FileNotFoundError) or isinstance(e.__context__, FileNotFoundError)
+        if not (request.dry_run and missing_file):
             raise RunError(str(e)) from None
         p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
     return p
