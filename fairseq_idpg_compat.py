@@ -531,15 +531,11 @@ def check_values(dataset, optimization=None):
 
 
 def config_error_in(error):
-    """The ConfigError that ``error`` is, or that it was raised while handling (fairseq wraps a failed load in
-    "Cannot load model parameters from checkpoint ..."), else None."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, ConfigError):
-            return error
-        seen.add(id(error))
+    """The ConfigError that ``error`` is, or that a bare ``Exception`` wraps (fairseq's "Cannot load model
+    parameters from checkpoint ..." around a failed load), else None: any other exception is a bug's."""
+    while type(error) is Exception:
         error = error.__cause__ or error.__context__
-    return None
+    return error if isinstance(error, ConfigError) else None
 
 
 def refuse(message):

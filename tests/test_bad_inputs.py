@@ -528,8 +528,16 @@ def test_other_exceptions_keep_their_traceback():
     def bug():
         raise KeyError("a bug")
 
+    def wrapped_bug():  # as fairseq wraps a failed load: a bare Exception around it
+        try:
+            bug()
+        except KeyError:
+            raise Exception("Cannot load model parameters") from None
+
     with pytest.raises(KeyError, match="a bug"):
         _one_line("fairseq-train", bug)
+    with pytest.raises(Exception, match="Cannot load model parameters"):
+        _one_line("fairseq-train", wrapped_bug)
     with pytest.raises(ValueError) as raised, option_checks():
         torch.nn.Dropout(p=2.0)  # torch's own check
     assert not isinstance(raised.value, ConfigError)
