@@ -76,7 +76,11 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    anything runs, values that cannot be right are refused the same way: ``--lr`` <= 0, negative
    ``--max-update``/``--max-epoch``/``--num-workers``, ``--batch-size``/``--max-tokens``/``--update-freq``
    < 1, and fairseq-validate's ``--path`` when it is missing or not a checkpoint (was ``KeyError: None``).
-   A save folder that fairseq-train made for a run refused this way is removed when still empty.
+   A save folder that fairseq-train made for a run refused this way is removed when still empty. A
+   ConfigError that fairseq wraps in another exception (a resume on another backbone: "Cannot load model
+   parameters from checkpoint ...") is reported the same way. Under torchrun (``TORCHELASTIC_ERROR_FILE``
+   set) a worker writes its line to torchrun's error file instead of stderr: the launcher
+   (``fairseq_idpg.launch``) prints it once for all workers.
 
 11. ``fp16_optimizer_on_any_device``: fairseq's ``FP16Optimizer`` (``--fp16``, ``--bf16``) keys its flat fp32
    master copy by ``torch.cuda.current_device()``, so ``--fp16 --cpu`` stopped in ``build_fp32_params`` with
@@ -480,13 +484,10 @@ def resume_from_intact_checkpoint(checkpoint_utils):
         if damage is None:
             return original(cfg, trainer, **passthrough_args)
         if path is None:
-            print(
-                f"fairseq-train: error: --save-dir {cfg.save_dir}: {os.path.basename(last)} is damaged ({damage}) "
-                f"and no intact checkpoint is left to resume from; remove it to train from the start",
-                file=sys.stderr,
-                flush=True,
+            raise ConfigError(
+                f"--save-dir {cfg.save_dir}: {os.path.basename(last)} is damaged ({damage}) "
+                f"and no intact checkpoint is left to resume from; remove it to train from the start"
             )
-            sys.exit(2)
         checkpoint_utils.logger.warning(
             f"{last} is damaged ({damage}); resuming from the newest intact checkpoint {path} "
             f"(update {updates}); the next save replaces {os.path.basename(last)}"
@@ -509,14 +510,15 @@ def _patch_checkpoint_utils(module):
 
 
 # ---------------------------------------------------------------- 10. one-line errors
-def check_values(cfg):
-    """ConfigError for the fairseq values that cannot be right (fix 10); 0 keeps fairseq's meaning "no limit"."""
-    data, opt = cfg.dataset, cfg.get("optimization")
+def check_values(dataset, optimization=None):
+    """ConfigError for the fairseq values that cannot be right (fix 10); 0 keeps fairseq's meaning "no limit".
+    ``dataset`` and ``optimization``: fairseq's config groups, or one argparse Namespace for both."""
     checks = [
-        ("--batch-size", data.batch_size, 1),
-        ("--max-tokens", data.max_tokens, 1),
-        ("--num-workers", data.num_workers, 0),
+        ("--batch-size", dataset.batch_size, 1),
+        ("--max-tokens", dataset.max_tokens, 1),
+        ("--num-workers", dataset.num_workers, 0),
     ]
+    opt = optimization
     if opt is not None:
         checks += [("--max-update", opt.max_update, 0), ("--max-epoch", opt.max_epoch, 0)]
         checks += [("--update-freq", f, 1) for f in opt.update_freq]
@@ -528,13 +530,39 @@ def check_values(cfg):
             raise ConfigError(f"--lr must be > 0 (the learning rate), got {lr:g}")
 
 
+def config_error_in(error):
+    """The ConfigError that ``error`` is, or that a bare ``Exception`` wraps (fairseq's "Cannot load model
+    parameters from checkpoint ..." around a failed load), else None: any other exception is a bug's."""
+    while type(error) is Exception:
+        error = error.__cause__ or error.__context__
+    return error if isinstance(error, ConfigError) else None
+
+
+def refuse(message):
+    """An ``argparse`` parser's ``error``: a ConfigError (one line) instead of the usage and exit status 2."""
+    raise ConfigError(message)
+
+
 def _one_line(prog, call):
-    """Run ``call()``; a ConfigError ends the process with ``prog: error: message`` and exit status 2."""
+    """Run ``call()``; a ConfigError (also one that another exception wraps) ends the process with
+    ``prog: error: message`` and exit status 2. A torchrun worker writes that line to torchrun's error file
+    instead, so that the launcher (``fairseq_idpg.launch``) says it once for all its workers."""
     try:
         return call()
-    except ConfigError as e:
-        message = " ".join(str(e).split())  # one line, whatever the check wrote
-        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    except Exception as e:
+        found = config_error_in(e)
+        if found is None:
+            raise
+        line = f"{prog}: error: " + " ".join(str(found).split())  # one line, whatever the check wrote
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file:
+            import json
+            import time
+
+            with open(error_file, "w", encoding="utf-8") as f:
+                json.dump({"message": line, "timestamp": int(time.time())}, f)
+        else:
+            print(line, file=sys.stderr, flush=True)
         sys.exit(2)
 
 
@@ -549,14 +577,24 @@ def one_line_errors(module, prog):
         save_dir = cfg.checkpoint.save_dir if prog == "fairseq-train" else None
         existed = save_dir is None or os.path.exists(save_dir)
         try:
-            check_values(cfg)
+            check_values(cfg.dataset, cfg.get("optimization"))
             return original_main(cfg, *args, **kwargs)
-        except ConfigError:
-            if not existed and os.path.isdir(save_dir) and not os.listdir(save_dir):
+        except Exception as e:
+            refused = config_error_in(e) is not None
+            if refused and not existed and os.path.isdir(save_dir) and not os.listdir(save_dir):
                 os.rmdir(save_dir)
             raise
 
     def cli_main(*args, **kwargs):
+        if prog == "fairseq-train":  # its argparse errors too (a misspelt flag): one line, not the usage
+            given = kwargs.pop("modify_parser", args[0] if args else None)
+
+            def modify_parser(parser):
+                parser.error = refuse
+                if given is not None:
+                    given(parser)
+
+            args, kwargs = (), {**kwargs, "modify_parser": modify_parser}
         return _one_line(prog, lambda: original_cli(*args, **kwargs))
 
     cli_main._fairseq_idpg_one_line = cli_main._fairseq_idpg_compat = True

@@ -10,7 +10,8 @@ Each entry point's own kind is a subclass, so that a caller catches them all as 
 - ``SweepError``: scripts/sweep.sh (``sweep.py``);
 - ``RecordsError``, ``PublishedError``: the results command (``results/records.py``, ``results/published.py``);
 - ``ConversionError``: the checkpoint converter (``conversion/errors.py``);
-- ``BackboneNotFound``, ``BackboneMismatch`` (below): ``--backbone`` at build and load time.
+- ``BackboneNotFound``, ``BackboneMismatch`` (below): ``--backbone`` at build and load time;
+- ``MissingFile`` (below): a file the options need is absent (a dry run of run.sh lists it).
 
 Entry points turn them, and only them, into ``PROG: error: MESSAGE`` with exit status 2: fairseq-train and
 fairseq-validate (compat fix 10) and each command above (run.sh: 130 when it was interrupted); the hub
@@ -29,10 +30,14 @@ import os
 from fairseq_idpg_compat import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-__all__ = ["ConfigError", "BackboneNotFound", "BackboneMismatch", "option_checks"]
+__all__ = ["ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks"]
 
 
-class BackboneNotFound(ConfigError, FileNotFoundError):
+class MissingFile(ConfigError, FileNotFoundError):
+    """A file the options need is not there (a FileNotFoundError too): a dry run lists it rather than refusing."""
+
+
+class BackboneNotFound(MissingFile):
     """``--backbone`` names no file (a FileNotFoundError too, as before)."""
 
 

@@ -9,19 +9,36 @@ or neither (``batch_size = total_batch / nproc``). A run on 1, 2 or 8 GPUs, or o
 that accumulates, follows the same optimisation path (exactly so without dropout; dropout masks
 differ per worker). ``--max-tokens`` among the fairseq-train flags caps a batch's tokens too: a
 batch then holds at most ``batch_size`` sentences, so an update at most ``total_batch``. One process runs
-``fairseq_cli.train`` directly; several run under torchrun (``torch.distributed.run``),
+``fairseq-train`` directly; several run it under torchrun (``torch.distributed.run``),
 which fairseq detects through the environment (``--distributed-init-method env://``).
 On CUDA the backend is NCCL with PyTorch DDP; without a GPU (or with ``--cpu``) it is gloo
 with fairseq's ``legacy_ddp`` (PyTorch DDP on CPU refuses fairseq's ``device_ids``).
 ``scripts/train.sh`` is a thin wrapper.
+
+Errors are one line (``scripts/train.sh: error: ...`` for the launcher's flags, ``fairseq-train: error:
+...``), exit status 2, said once: one worker is fairseq-train itself; several each write the line they
+refuse the run with to torchrun's error file (``fairseq_idpg_compat`` fix 10), and this process, torchrun's
+agent, prints it once.
 """
 
 import argparse
 import os
+import re
 import shlex
 import sys
+from pathlib import Path
 
 from fairseq_idpg_compat import has_flag
+
+FAIRSEQ_TRAIN = "fairseq-train"
+
+
+def console_script(name, python=sys.executable):
+    """``name`` (fairseq-train, fairseq-validate) of ``python``'s environment, else the one on PATH. Not
+    ``python -m fairseq_cli.train``: as ``__main__`` the compatibility fixes of that module (one-line errors,
+    task and criterion from the checkpoint) would not apply."""
+    beside = Path(python).parent / name
+    return str(beside) if beside.is_file() else name
 
 
 def update_freq_for(total_batch, nproc, batch_size):
@@ -78,10 +95,11 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
     ]
     if cpu and not has_flag(args, "--cpu"):
         args.append("--cpu")
+    train = console_script(FAIRSEQ_TRAIN, python)
     if nproc == 1:
         # fairseq's default world size is every visible GPU: on a machine with several, one process
         # would spawn one per GPU, each with --batch-size, and the effective batch would multiply
-        return [python, "-m", "fairseq_cli.train"] + args + ["--distributed-world-size", "1"]
+        return [train] + args + ["--distributed-world-size", "1"]
     if not has_flag(args, "--distributed-backend"):
         args += ["--distributed-backend", "gloo" if cpu else "nccl"]
     if not has_flag(args, "--ddp-backend"):
@@ -96,9 +114,40 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
         *rdzv,
         "--nproc_per_node",
         str(nproc),
-        "-m",
-        "fairseq_cli.train",
+        "--no-python",
+        train,
     ] + args
+
+
+def refuse(prog, message):
+    """Say ``PROG: error: MESSAGE`` in one line on stderr; the exit status 2."""
+    print(f"{prog}: error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
+    return 2
+
+
+def run_workers(cmd):
+    """torchrun (``cmd``: ``python -m torch.distributed.run ...``) in this process. The line workers refused
+    the run with (each writes it to torchrun's error file, compat fix 10) is printed once, exit status 2;
+    any other failure keeps torchrun's report."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # the agent's log of a failed worker ("failed (exitcode: 2)", "Sending process ... closing signal") says
+    # again what the one line or torchrun's report says
+    agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    agent.addFilter(lambda record: not re.search(r"failed \(exitcode|closing signal", record.getMessage()))
+    try:
+        run(parse_args(cmd[3:]))
+    except ChildFailedError as e:
+        said = [f.message for f in e.failures.values() if f.exitcode == 2 and isinstance(f.message, str)]
+        said = [line for line in said if line.startswith(f"{FAIRSEQ_TRAIN}: error: ")]
+        if not said:
+            raise
+        return refuse(FAIRSEQ_TRAIN, said[0].split(": error: ", 1)[1])
+
+    return 0
 
 
 def main(argv=None):
@@ -126,6 +175,7 @@ def main(argv=None):
         "--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    parser.error = lambda message: sys.exit(refuse(parser.prog, message))  # one line, not the usage too
     opts = parser.parse_args(ours)
     if not train_args:
         parser.error("give the fairseq-train arguments after --")
@@ -139,8 +189,10 @@ def main(argv=None):
     print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     if opts.dry_run:
         return 0
-    # become fairseq-train (or torchrun): a signal to this process (Ctrl-C, kill from run.sh) reaches training
-    os.execv(cmd[0], cmd)
+    if opts.nproc > 1:
+        return run_workers(cmd)  # torchrun's agent in this process: signals reach it as they reached torchrun
+    # become fairseq-train: a signal to this process (Ctrl-C, kill from run.sh) reaches training
+    os.execvp(cmd[0], cmd)
 
 
 if __name__ == "__main__":

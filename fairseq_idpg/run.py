@@ -41,7 +41,10 @@ budget (300 updates; full fine-tuning at lr 5e-5).
 Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are checked first.
 
 The request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's flags as typed fields);
-``plan()`` resolves it into the configuration and commands, ``execute()`` trains and scores.
+``check()`` refuses it in one line before anything is prepared or written (every missing file, and the
+fairseq-train command it makes, parsed by fairseq and its model built on the meta device), ``plan()``
+resolves it into the configuration and commands, ``execute()`` trains and scores.
+
 """
 
 import dataclasses
@@ -60,6 +63,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.launch import console_script
 from fairseq_idpg.run_config import LMBFF_TASKS, REPO, RunConfig, RunError, canonical_task, method_list
 from fairseq_idpg_compat import flag_value
 
@@ -73,6 +78,11 @@ MAX_POSITIONS = 512
 SPLIT_NAMES = {"valid": "dev", "valid1": "second dev set (MNLI: dev-mismatched)"}
 # the encoder sizes a dry run uses when the model file is absent (models/build.py's tables)
 KNOWN_SIZES = {"roberta.large": "ROBERTA_LARGE", "roberta.base": "ROBERTA_BASE", "standin": "STANDIN"}
+ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: error: MESSAGE (exit status 2)
+
+
+class Refused(RunError):
+    """A command run.sh ran refused its input in one line (exit status 2): run.sh says it again, once."""
 
 
 # ---------------------------------------------------------------------------------------- where things are
@@ -129,18 +139,26 @@ def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=
 
 def model_dims(checkpoint):
     """Encoder flags of a fairseq RoBERTa checkpoint (new cfg or old args), no tensor read."""
-    import torch
+    from fairseq_idpg.models.frozen_roberta import load_checkpoint_file
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
-    m = state["cfg"]["model"] if state.get("cfg") is not None else vars(state["args"])
-    get = (lambda k: getattr(m, k)) if not isinstance(m, dict) else m.__getitem__
-    return {
-        "--encoder-layers": get("encoder_layers"),
-        "--encoder-embed-dim": get("encoder_embed_dim"),
-        "--encoder-ffn-embed-dim": get("encoder_ffn_embed_dim"),
-        "--encoder-attention-heads": get("encoder_attention_heads"),
-        "--max-positions": get("max_positions"),
-    }
+    try:
+        state = load_checkpoint_file(checkpoint)
+    except Exception as e:
+        # unpickling, zip and EOF errors of a file that is not a (whole) checkpoint
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"{checkpoint}: not a fairseq checkpoint (torch.load: {reason})") from None
+    try:
+        m = state["cfg"]["model"] if state.get("cfg") is not None else vars(state["args"])
+        get = (lambda k: getattr(m, k)) if not isinstance(m, dict) else m.__getitem__
+        return {
+            "--encoder-layers": get("encoder_layers"),
+            "--encoder-embed-dim": get("encoder_embed_dim"),
+            "--encoder-ffn-embed-dim": get("encoder_ffn_embed_dim"),
+            "--encoder-attention-heads": get("encoder_attention_heads"),
+            "--max-positions": get("max_positions"),
+        }
+    except (KeyError, AttributeError, TypeError) as e:
+        raise RunError(f"{checkpoint}: a fairseq checkpoint without RoBERTa's encoder sizes (no {e})") from None
 
 
 def known_dims(model):
@@ -265,6 +283,7 @@ def tee(cmd, log, progress=None, show=None, keep=False):
     print("+ " + shlex.join(cmd), flush=True)
     start = time.time()
     lines = [] if keep else deque(maxlen=30)
+    refused = None  # the command's one-line error: said once, by run.sh (shown only if it was no refusal)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # fairseq logs to stdout: unbuffered, line by line
     with open(log, "a", encoding="utf-8") as f:
         proc = subprocess.Popen(
@@ -291,7 +310,10 @@ def tee(cmd, log, progress=None, show=None, keep=False):
                 f.write(line)
                 f.flush()
                 lines.append(line)
-                if show is None or show(line):
+                if refused is not None and (show is None or show(refused)):
+                    sys.stdout.write(refused)  # more came after it: not the command's last word
+                refused = line if ONE_LINE_ERROR.match(line) else None
+                if refused is None and (show is None or show(line)):
                     text = line.rstrip("\n")
                     sys.stdout.write((progress.annotate(text) if progress else text) + "\n")
                     sys.stdout.flush()
@@ -300,30 +322,29 @@ def tee(cmd, log, progress=None, show=None, keep=False):
             signal.signal(signal.SIGTERM, previous)
     if interrupted or code in (-signal.SIGINT, -signal.SIGTERM, 130):
         raise RunError(f"interrupted; {log} keeps the output; the same command resumes")
-    said = lines[-1].strip() if lines else ""
-    if code == 2 and re.match(r"[\w.-]+: error: ", said):  # the command's own one-line error
-        raise RunError(said.split(": error: ", 1)[1])
+    if code == 2 and refused is not None:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if refused is not None and (show is None or show(refused)):
+        sys.stdout.write(refused)
     if code:
         tail = "".join(list(lines)[-20:]).rstrip()
         raise RunError(f"command failed with exit code {code}: {cmd[0]} ... {tail and chr(10) + tail}")
     return time.time() - start, "".join(lines)
 
 
-def console_script(name):
-    """``name`` (fairseq-validate, ...) of this interpreter's environment, else the one on PATH.
-    Not ``python -m fairseq_cli.validate``: as ``__main__`` the compatibility fixes of that module
-    (task and criterion from the checkpoint) would not apply."""
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.is_file() else name
-
-
 def call(cmd, log=print):
+    """Run ``cmd`` (its output to the terminal); its one-line error is passed on as a ``Refused``, said once."""
     cmd = [str(c) for c in cmd]
     log("+ " + shlex.join(cmd), flush=True)
     start = time.time()
-    code = subprocess.call(cmd)
-    if code:
-        raise RunError(f"command failed with exit code {code}: {shlex.join(cmd)}")
+    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+    said = proc.stderr.splitlines(keepends=True)
+    refused = said.pop() if proc.returncode == 2 and said and ONE_LINE_ERROR.match(said[-1]) else None
+    sys.stderr.write("".join(said))
+    if refused:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if proc.returncode:
+        raise RunError(f"command failed with exit code {proc.returncode}: {shlex.join(cmd)}")
     return time.time() - start
 
 
@@ -409,7 +430,15 @@ def main(argv=None):
         return 130 if str(e).startswith("interrupted") else 2
 
 
+def warn_missing(missing, prog):
+    """A dry run's last word when a run could not start: every missing file and folder, one line (exit status 0:
+    the plan and its budget stand)."""
+    if missing:
+        print(f"{prog}: warning: not ready to run: {'; '.join(dict.fromkeys(missing))}", file=sys.stderr, flush=True)
+
+
 def job(request, argv):
+    missing = check(request).missing
     p = plan(request, argv)
     if request.dry_run:
         if not p.complete:
@@ -417,6 +446,7 @@ def job(request, argv):
         if request.restart and p.folder.exists():
             print(f"--restart would remove {p.folder}")
         print("+ " + shlex.join(p.train))
+        warn_missing(missing, "run.sh")
         return 0
     return execute(p)
 
@@ -440,6 +470,7 @@ class Plan:
     batch_size: int
     timings: dict
     start: float
+    missing: list  # what a dry run found absent (model files, raw folders), one line each
 
     @property
     def finished(self):
@@ -451,12 +482,14 @@ class Backbone(NamedTuple):
     name: str  # its folder under data-bin/ and checkpoints/
     present: bool  # the files exist (a dry run of roberta.* plans without them)
     dims: dict  # the encoder's fairseq-train flags
+    missing: list  # what a dry run found absent, one line each
 
 
 class Data(NamedTuple):
     folder: Path
     info: Any  # its TaskInfo (None: not prepared, or a dry run's stale data)
     provenance: Optional[dict]  # what it is made of: as recorded, or (a dry run) as it would be prepared
+    missing: list = []  # what a dry run found absent (the raw folder), one line each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,7 +545,60 @@ def plan(request, argv=None, log=print):
     scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
     argv = request.argv() if argv is None else argv
     return Plan(request, argv, task, method, config, save, complete, train, data.folder, backbone.dir, scored,
-                batch_size, timings, start)  # fmt: skip
+                batch_size, timings, start, backbone.missing + data.missing)  # fmt: skip
+
+
+def check(request):
+    """Refuse, in one line (RunError) and before anything is prepared or written, a request that cannot run:
+    its values, what is missing (every model file and raw folder at once), and the fairseq-train command it
+    makes (``check_train_command``), with the budget a dry run shows. Returns the dry run's plan."""
+    p = plan(dataclasses.replace(request, dry_run=True), log=quiet)
+    if p.missing and not request.dry_run:
+        raise RunError("; ".join(p.missing))
+    have_model = all((p.model_dir / name).is_file() for name in ("model.pt", "dict.txt"))
+    try:
+        check_train_command(p.train, p.model_dir / "dict.txt" if have_model else None)
+    except ConfigError as e:
+        missing_file = isinstance(e, FileNotFoundError) or isinstance(e.__context__, FileNotFoundError)
+        if not (request.dry_run and missing_file):
+            raise RunError(str(e)) from None
+        p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
+    return p
+
+
+def check_train_command(train, dictionary=None):
+    """ConfigError for a launcher + fairseq-train command line (``train_command``) that the launcher or
+    fairseq-train would refuse, found without the data and without training: the launcher's flags,
+    fairseq's own parser (a misspelt flag, a bad value), the values compat fix 10 refuses, and the model
+    built on the meta device (every build-time check of a method, ``--backbone``) against ``dictionary``
+    (the model's dict.txt; None: the model is not there yet, an empty vocabulary and no backbone). About
+    0.1 s after fairseq's import (the data's checks are fairseq-train's, when it runs)."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_idpg.errors import option_checks
+    from fairseq_idpg.launch import build_command
+    from fairseq_idpg.models.build import on_meta_device, stub_task
+    from fairseq_idpg_compat import check_values, refuse
+
+    ours, args = train[3 : train.index("--")], train[train.index("--") + 1 :]
+    try:  # the flags the launcher owns
+        build_command(args, *(int(flag_value(ours, f)) for f in ("--nproc", "--total-batch", "--batch-size")), cpu=True)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    parser = options.get_training_parser()
+    parser.error = refuse  # argparse would print its usage and exit
+    args = options.parse_args_and_arch(parser, input_args=[str(a) for a in args])
+    check_values(args, args)
+    vocabulary = Dictionary()
+    if dictionary is not None:
+        vocabulary = Dictionary.load(str(dictionary))
+        vocabulary.add_symbol("<mask>")  # as the task does
+    else:
+        args.backbone = None
+    with on_meta_device(), option_checks():
+        ARCH_MODEL_REGISTRY[args.arch].build_model(args, stub_task(vocabulary))
 
 
 def quiet(*args, **kwargs):
@@ -560,37 +646,46 @@ def find_backbone(request):
         with standin_lock(mdir):
             call(["bash", REPO / "scripts" / "build_standin.sh", mdir])
     present = (mdir / "model.pt").is_file() and (mdir / "dict.txt").is_file()
+    made_by = {
+        "standin": "scripts/build_standin.sh",
+        "roberta.base": "scripts/download.sh roberta base",
+        "roberta.large": "scripts/download.sh roberta large",
+    }  # any other folder: a conversion, or the export of IDPG's supplementary stage 1
+    hint = made_by.get(request.model, "scripts/convert_hf_to_fairseq.py or examples/idpg/supplementary.py make one")
+    absent = f"--model {request.model}: {mdir}/model.pt and dict.txt not found ({hint})"
     if present:
-        dims = model_dims(mdir / "model.pt")
+        try:
+            dims = model_dims(mdir / "model.pt")
+        except RunError as e:
+            raise RunError(f"--model {request.model}: {e}") from None
     elif dry and request.model in KNOWN_SIZES:
         dims = known_dims(request.model)
     else:
-        made_by = {
-            "standin": "scripts/build_standin.sh",
-            "roberta.base": "scripts/download.sh roberta base",
-            "roberta.large": "scripts/download.sh roberta large",
-        }  # any other folder: a conversion, or the export of IDPG's supplementary stage 1
-        hint = made_by.get(request.model, "scripts/convert_hf_to_fairseq.py or examples/idpg/supplementary.py make one")
-        raise RunError(f"--model {request.model}: {mdir}/model.pt and dict.txt not found ({hint})")
-    return Backbone(mdir, model_name(request.model), present, dims)
+        raise RunError(absent)
+    # a dry run plans without the files; the stand-in is built when a run starts
+    missing = [absent] if not present and request.model != "standin" else []
+    return Backbone(mdir, model_name(request.model), present, dims, missing)
 
 
 def data_for(request, task, backbone, log=print):
     """The prepared data (prepared again when what it was made from differs from what would be used
     now) and the seconds preparing it took (None: not prepared now)."""
+    missing = []
     try:
         raw = raw_dir(task, request.raw)
-    except RunError:
+    except RunError as e:
         if not request.dry_run:
             raise
-        raw = None
+        raw, missing = None, [str(e)]
     bpe = bpe_args(backbone.dir, request.bpe_dir, request.model)
     sampling = {"few_shot": request.few_shot, "dev_from_train": request.dev_from_train, "data_seed": request.data_seed}
     folder = data_folder(request.work_dir, backbone.name, task, **sampling)
     info, reasons, wanted, seconds = prepare_if_needed(task, raw, folder, bpe, **sampling, dry=request.dry_run, log=log)
     if info is not None and request.dry_run and reasons:
         info = None  # a dry run's stale data: the budget is that of the data it would prepare
-    return Data(folder, info, info.provenance if info is not None else wanted), seconds
+    if reasons and not missing and raw is not None and wanted is None:  # the raw folder lacks files, or no BPE
+        missing = [f"{task}: the raw files or BPE files to prepare {folder} are missing ({raw}; {bpe[-1]})"]
+    return Data(folder, info, info.provenance if info is not None else wanted, missing if reasons else []), seconds
 
 
 def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_freq):
@@ -749,6 +844,7 @@ def execute(p):
             show_scores(done["results"], done["metric"])
         return 0
     trained = trained_before(p)
+    new = not save.exists()
     save.mkdir(parents=True, exist_ok=True)
     (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
     failure = None
@@ -757,6 +853,9 @@ def execute(p):
             train(p)
     except RunError as e:  # fairseq's FloatingPointError is a divergence, any other failure stays one
         failure = e
+    if new and isinstance(failure, Refused):  # fairseq-train refused what run.sh could not check (the data)
+        remove_run_folder(save, Path(p.request.work_dir))
+        raise failure
     found = divergence(save / "train.log")
     if found is None and failure is not None:
         raise failure
@@ -768,6 +867,15 @@ def execute(p):
     results = score(p)
     write_record(p, results)
     return 0
+
+
+def remove_run_folder(save, work_dir):
+    """Remove a run folder made for a refused run, and the parents it leaves empty, up to ``work_dir``."""
+    shutil.rmtree(save)
+    for parent in save.parents:
+        if parent == work_dir or not parent.is_relative_to(work_dir) or any(parent.iterdir()):
+            break
+        parent.rmdir()
 
 
 FLOATING_POINT_ERROR = re.compile(r"^FloatingPointError: (.+)$", re.M)

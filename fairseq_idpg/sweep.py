@@ -64,7 +64,7 @@ from typing import List, Optional
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.results.records import few_shot_budget
-from fairseq_idpg.run import REPO, format_duration, format_lr, plan, quiet
+from fairseq_idpg.run import REPO, check, format_duration, format_lr, plan, quiet, warn_missing
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
@@ -327,12 +327,22 @@ def _runs(model, task, variant, budgets, where, seeds, lrs, head_lrs, max_update
 
 
 # ---------------------------------------------------------------------------------------- planning
-def plan_run(run, model, work_dir, dry):
+def plan_run(run, model, work_dir, dry, decide=lambda request: plan(request, log=quiet)):
     """run.py's plan of one run (its folder, configuration and commands), saying nothing."""
     try:
-        return plan(run.request(model, work_dir, dry), log=quiet)
+        return decide(run.request(model, work_dir, dry))
     except RunError as e:
         raise SweepError(f"{run.name}: {e}") from None
+
+
+def check_runs(runs, model, work_dir, dry):
+    """run.py's check of each distinct method and flags (the first run of each), before any data is prepared:
+    a sweep is refused in one line before it writes anything (~0.2 s each). Returns what a dry run lacks."""
+    distinct = {}
+    for run in runs:
+        request = run.request(model, work_dir, dry)
+        distinct.setdefault((request.method, request.extra_args), run)
+    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=check).missing]
 
 
 def describe(run, p):
@@ -713,6 +723,7 @@ def sweep(opts):
     records = Path(opts.records) if opts.records else sweep_dir / "records"
     print(summary(spec, spec.runs), flush=True)
 
+    missing = check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
     # every run decided first: data prepared (one folder at a time), folders known, finished ones found
     plans = []
     for i, run in enumerate(spec.runs):
@@ -730,7 +741,10 @@ def sweep(opts):
         if not all(p.complete for _, p in plans):
             print("(<hash>: known once the model file and the prepared data exist)")
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
+        warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
+
         return 0
+
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
     failures = Failures(sweep_dir / "failures.json")

@@ -7,6 +7,7 @@ script proves what a user sees. fairseq-train's cases cost ~2.5 s each (fairseq 
 config), so the table keeps one case per check.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -141,6 +142,23 @@ def truncated(w, t):
     return t / "cut.pt"
 
 
+def empty_split(w, t):
+    """A copy of the data whose binarized dev split holds no rows."""
+    from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    shutil.copytree(w.data, t / "bin")
+    for column in ("input0", "label"):
+        files = t / "bin" / column / "valid"
+        MMapIndexedDatasetBuilder(f"{files}.bin").finalize(f"{files}.idx")
+    return t / "bin"
+
+
+def trained_copy(w, t):
+    """A save folder holding the trained run's checkpoints (fairseq-train resumes from its checkpoint_last.pt)."""
+    shutil.copytree(w.save, t / "resume")
+    return t / "resume"
+
+
 PHM_N_5 = (
     "fairseq-train: error: --idpg-phm-n 5 must divide the generator input size 32 (roberta), --idpg-hidden 16 "
     "and t*d = 5*32 = 160; valid here: 1, 2, 4, 8, 16"
@@ -176,6 +194,14 @@ TRAIN = {
     "no data folder": ("lora", lambda w, t: [], lambda w, t: t / "nowhere", "nowhere: no such folder"),
     "no label/": ("lora", lambda w, t: [], no_labels, "lacks label/dict.txt"),
     "no valid split": ("lora", lambda w, t: ["--valid-subset", "dev"], None, "dataset not found: "),
+    # load failures (issue 23)
+    "empty valid split": ("lora", lambda w, t: [], empty_split, "valid.bin/.idx: no rows"),
+    "resume on another backbone": (
+        "prompt-tuning-5",
+        lambda w, t: ["--backbone", other_backbone(w, t), "--save-dir", trained_copy(w, t)],
+        None,
+        "checkpoint was trained on another backbone",
+    ),
 }
 
 
@@ -281,6 +307,173 @@ def test_run(tmp_path, case):
     assert not (tmp_path / "work").exists()
 
 
+# ---------------------------------------------------------------------------------------- scripts/train.sh
+LAUNCH = {
+    "nproc 0": (["--nproc", "0", "--total-batch", "8", "--", "data"], "--nproc must be >= 1, got 0"),
+    "total-batch 0": (["--total-batch", "0", "--", "data"], "--total-batch must be >= 1, got 0"),
+    "no total-batch": (["--", "data"], "the following arguments are required: --total-batch"),
+    "no fairseq-train args": (["--total-batch", "8"], "give the fairseq-train arguments after --"),
+    "launcher's flag": (["--total-batch", "8", "--", "data", "--update-freq", "2"], "--update-freq is set by the"),
+    "batch layout": (["--total-batch", "8", "--nproc", "3", "--", "data"], "--total-batch 8 is not a multiple"),
+}
+
+
+@pytest.mark.parametrize("case", LAUNCH)
+def test_launch(case):
+    from fairseq_idpg import launch
+
+    argv, expected = LAUNCH[case]
+    code, err = call(lambda: launch.main(argv), "scripts/train.sh", [])
+    assert code == 2
+    one_line(err, "scripts/train.sh", expected)
+
+
+# ---------------------------------------------------------------------------------------- run.sh: checked first
+def not_a_checkpoint(w, t, make=text_file):
+    """A model folder (dict.txt, vocab.txt) whose model.pt is not a fairseq checkpoint."""
+    folder = t / "notes-model"
+    shutil.copytree(w.tiny.folder, folder)
+    make(t).replace(folder / "model.pt")
+    return folder
+
+
+def absent_model():
+    """roberta.base, which no test downloads (models/roberta.base/ absent)."""
+    if (REPO / "models" / "roberta.base").exists():
+        pytest.skip("models/roberta.base exists here")
+    return "roberta.base"
+
+
+def no_glove():
+    """No flags: M-IDPG-PHM-GloVe then reads data/glove/glove.6B.300d.txt, which no test downloads."""
+    if (REPO / "data" / "glove" / "glove.6B.300d.txt").exists():
+        pytest.skip("data/glove/glove.6B.300d.txt exists here")
+    return []
+
+
+# case: (run.sh flags after SST-2 on the tiny backbone and 8-row raw data: (world, tmp) -> list, expected)
+RUN_CHECKED = {
+    "PHM n 5": (lambda w, t: ["--method", "m-idpg-phm", "--idpg-phm-n", "5"], "--idpg-phm-n 5 must divide the gen"),
+    "PHM n 5 dry run": (lambda w, t: ["--method", "m-idpg-phm", "--idpg-phm-n", "5", "--dry-run"], "--idpg-phm-n 5"),
+    "misspelt flag": (lambda w, t: ["--max-updates", "4"], "unrecognized arguments: --max-updates 4"),
+    "prompt length 0": (lambda w, t: ["--method", "prompt-tuning-5", "--prompt-length", "0"], "--prompt-length 0"),
+    "DPT rank 0": (lambda w, t: ["--method", "dpt", "--dpt-bottleneck", "0"], "--dpt-bottleneck 0 must be in"),
+    "LoRA rank 0": (lambda w, t: ["--method", "lora", "--lora-rank", "0"], "--lora-rank must be >= 1"),
+    "bad choice": (lambda w, t: ["--lr-scheduler", "nope"], "argument --lr-scheduler: invalid choice: 'nope'"),
+    "max-epoch -1": (lambda w, t: ["--max-epoch", "-1"], "--max-epoch must be >= 0, got -1"),
+    "launcher's flag": (lambda w, t: ["--distributed-world-size", "2"], "--distributed-world-size is set by the"),
+    "model not a checkpoint": (lambda w, t: ["--model", not_a_checkpoint(w, t)], "not a fairseq checkpoint (torch"),
+    "model cut": (lambda w, t: ["--model", not_a_checkpoint(w, t, lambda t: truncated(w, t))], "not a fairseq checkp"),
+    "model and raw missing": (lambda w, t: ["--model", absent_model(), "--raw", t / "nowhere"], "nowhere"),
+    "GloVe vectors missing": (lambda w, t: ["--method", "m-idpg-phm-glove", *no_glove()], "needs GloVe vectors"),
+    "prepare refuses, said once": (
+        lambda w, t: ["--raw", sst2(t / "header-only", train="sentence\tlabel\n")],
+        "train.tsv: no examples",
+    ),
+}
+
+
+def run_tiny(w, t, argv):
+    """(exit status, stderr) of ``run.sh SST-2`` on the tiny backbone and the 8-row raw data in ``t/work``."""
+    from fairseq_idpg import run
+
+    argv = ["SST-2", "--model", str(w.tiny.folder), "--raw", str(sst2(t / "raw")), *map(str, argv)]
+    return call(lambda: run.main([*argv, "--work-dir", str(t / "work")]), "run.sh", [])
+
+
+@pytest.mark.parametrize("case", RUN_CHECKED)
+def test_run_checks_everything_before_writing(world, tmp_path, case):
+    """The whole configuration (the fairseq-train command run.sh makes: fairseq's parser, the model built on the
+    meta device) and every file are checked before data is prepared or a run folder made: nothing is left."""
+    make, expected = RUN_CHECKED[case]
+    code, err = run_tiny(world, tmp_path, make(world, tmp_path))
+    assert code == 2
+    line = one_line(err, "run.sh", expected)
+    if case == "model and raw missing":
+        assert "roberta.base/model.pt" in line  # both, in one line
+    assert not (tmp_path / "work").exists()
+
+
+# case: (run.sh flags after SST-2 --dry-run, the missing files the warning names)
+DRY_RUN = {
+    "model missing": (lambda w, t: ["--model", absent_model()], ["models/roberta.base/model.pt"]),
+    "raw missing": (lambda w, t: ["--model", w.tiny.folder, "--raw", t / "nowhere"], ["nowhere"]),
+    "raw files missing": (lambda w, t: ["--model", w.tiny.folder, "--raw", t], ["raw files or BPE files"]),
+    "model and raw missing": (
+        lambda w, t: ["--model", absent_model(), "--raw", t / "nowhere"],
+        ["models/roberta.base/model.pt", "nowhere"],
+    ),
+    "GloVe vectors missing": (
+        lambda w, t: ["--model", w.tiny.folder, "--method", "m-idpg-phm-glove", *no_glove()],
+        ["needs GloVe vectors"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DRY_RUN)
+def test_dry_run_names_what_is_missing(world, tmp_path, case):
+    """A dry run prints the plan, then one warning naming every missing model file and raw folder (exit 0)."""
+    from fairseq_idpg import run
+
+    make, missing = DRY_RUN[case]
+    argv = ["SST-2", *map(str, make(world, tmp_path)), "--dry-run", "--work-dir", str(tmp_path / "work")]
+    code, err = call(lambda: run.main(argv), "run.sh", [])
+    assert code == 0
+    warning = [line for line in err.splitlines() if " | INFO | " not in line]
+    assert len(warning) == 1 and warning[0].startswith("run.sh: warning: not ready to run: "), err
+    assert all(name in warning[0] for name in missing), warning
+    assert not (tmp_path / "work").exists()
+
+
+def test_refused_by_fairseq_train_leaves_no_run_folder(world, tmp_path):
+    """What only fairseq-train can check (the prepared data against --num-classes) is said once, by run.sh,
+    and the run folder made for it is removed (the prepared data stays: it is right)."""
+    from fairseq_idpg.run import data_folder, model_name
+
+    # the data run.sh would prepare from the same rows: reused (its task.json records the same raw files)
+    shutil.copytree(world.data, data_folder(tmp_path / "work", model_name(str(world.tiny.folder)), "SST-2"))
+    code, err = run_tiny(world, tmp_path, ["--method", "lora", "--max-update", "1", "--num-classes", "3"])
+    assert code == 2
+    one_line(err, "run.sh", "--num-classes 3: the data in")
+    assert not (tmp_path / "work" / "checkpoints").exists() and (tmp_path / "work" / "data-bin").is_dir()
+
+
+# ---------------------------------------------------------------------------------------- scripts/sweep.sh
+def sweep_spec(t, args=None):
+    text = "name: s\ntasks: [SST-2]\nmethods: [m-idpg-phm]\nlrs: [1.0e-3]\nseeds: [1]\nmax_update: 1\n"
+    (t / "spec.yaml").write_text(text + (f"args: {args}\n" if args else ""))
+    return t / "spec.yaml"
+
+
+SWEEP = {
+    "method flag": (lambda w, t: [sweep_spec(t, "[--idpg-phm-n, '5']"), "--model", w.tiny.folder], "--idpg-phm-n 5"),
+    "misspelt flag": (lambda w, t: [sweep_spec(t, "[--max-updates, '4']"), "--model", w.tiny.folder], "--max-updates"),
+}
+
+
+@pytest.mark.parametrize("case", SWEEP)
+def test_sweep_checks_before_writing(world, tmp_path, case):
+    from fairseq_idpg import sweep
+
+    make, expected = SWEEP[case]
+    argv = [*map(str, make(world, tmp_path)), "--work-dir", str(tmp_path / "work")]
+    code, err = call(lambda: sweep.main(argv), "sweep", [])
+    assert code == 2
+    one_line(err, "sweep", expected)
+    assert not (tmp_path / "work").exists()
+
+
+def test_sweep_dry_run_names_what_is_missing(tmp_path, capsys):
+    from fairseq_idpg import sweep
+
+    argv = [str(sweep_spec(tmp_path)), "--model", absent_model(), "--work-dir", str(tmp_path / "work"), "--dry-run"]
+    code, err = call(lambda: sweep.main(argv), "sweep", [])
+    assert code == 0
+    warning = [line for line in err.splitlines() if " | INFO | " not in line]
+    assert len(warning) == 1 and "not ready to run: --model roberta.base: " in warning[0], err
+    assert not (tmp_path / "work").exists()
+
+
 # ---------------------------------------------------------------------------------------- real processes
 def test_console_scripts_print_one_line(world, tmp_path):
     """What a user sees from each console script: one line on stderr, exit status 2, no traceback."""
@@ -302,6 +495,33 @@ def test_console_scripts_print_one_line(world, tmp_path):
     assert not save.exists() and not (tmp_path / "bin").exists() and not (tmp_path / "work").exists()
 
 
+def test_a_workers_error_is_said_once(world, tmp_path):
+    """What a user sees when fairseq-train refuses the run inside the launcher's 2 CPU workers under torchrun (an
+    empty split: each worker writes its line to torchrun's error file, the launcher says it once), and when
+    sweep.sh refuses a misspelt flag before anything is written: one line on stderr, exit status 2, nothing left."""
+    empty = empty_split(world, tmp_path)
+    train = train_argv(world, "lora", tmp_path / "save", empty)
+    del train[train.index("--batch-size") : train.index("--batch-size") + 2]  # the launcher's
+    train_sh, tiny = REPO / "scripts" / "train.sh", world.tiny.folder
+    processes = {  # 1 worker is fairseq-train itself (test_console_scripts_print_one_line; test_launch.py)
+        "train.sh, 2 workers": ("fairseq-train", ["bash", train_sh, "--nproc", "2", "--total-batch", "8", "--"]
+                                + train),
+        "sweep.sh": ("sweep", ["bash", REPO / "scripts" / "sweep.sh", sweep_spec(tmp_path, "[--max-updates, '4']")]
+                     + ["--model", tiny, "--work-dir", tmp_path / "work"]),
+    }  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # else torchrun starts N workers with a 4-line notice about it
+    started = {
+        case: (prog, subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, env=env))
+        for case, (prog, cmd) in processes.items()
+    }  # fmt: skip
+    for case, (prog, proc) in started.items():
+        err = proc.communicate(timeout=300)[1]
+        assert proc.returncode == 2, (case, err)
+        one_line(err, prog, "no rows" if prog == "fairseq-train" else "unrecognized arguments: --max-updates 4")
+    assert not (tmp_path / "save").exists() and not (tmp_path / "work").exists()
+
+
 def test_other_exceptions_keep_their_traceback():
     """A bug (any exception but ConfigError) passes the one-line wrapper of the console scripts untouched;
     a ValueError of torch's own checks inside ``option_checks`` stays a plain ValueError."""
@@ -311,8 +531,16 @@ def test_other_exceptions_keep_their_traceback():
     def bug():
         raise KeyError("a bug")
 
+    def wrapped_bug():  # as fairseq wraps a failed load: a bare Exception around it
+        try:
+            bug()
+        except KeyError:
+            raise Exception("Cannot load model parameters") from None
+
     with pytest.raises(KeyError, match="a bug"):
         _one_line("fairseq-train", bug)
+    with pytest.raises(Exception, match="Cannot load model parameters"):
+        _one_line("fairseq-train", wrapped_bug)
     with pytest.raises(ValueError) as raised, option_checks():
         torch.nn.Dropout(p=2.0)  # torch's own check
     assert not isinstance(raised.value, ConfigError)

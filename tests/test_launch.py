@@ -29,7 +29,8 @@ def test_cpu_multi_worker_uses_torchrun_gloo_legacy_ddp():
     )
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
-    tail = cmd[cmd.index("fairseq_cli.train") + 1 :]
+    assert cmd[cmd.index("--no-python") + 1] == "fairseq-train"  # the console script: one-line errors
+    tail = cmd[cmd.index("fairseq-train") + 1 :]
     assert tail[:3] == ["data", "--user-dir", "fairseq_idpg"]
     for flag, value in {
         "--batch-size": "4",
@@ -45,7 +46,7 @@ def test_one_process_stays_one_on_a_machine_with_several_gpus():
     """fairseq-train's default --distributed-world-size is the number of visible GPUs (it would spawn one
     process per GPU, each with the per-device batch): one process is pinned to a world of 1."""
     cmd = build_command(["data"], nproc=1, total_batch=32, batch_size=16, cpu=False, python="py")
-    assert cmd[:3] == ["py", "-m", "fairseq_cli.train"]
+    assert cmd[0] == "fairseq-train"  # none beside "py": the one on PATH
     assert cmd[cmd.index("--distributed-world-size") + 1] == "1" and cmd[cmd.index("--update-freq") + 1] == "2"
 
 

@@ -11,8 +11,9 @@ task: its dictionary and, if given, the prepared data's ``TaskInfo`` (``data/tas
 """
 
 import argparse
+import contextlib
 import types
-from contextlib import ExitStack
+import warnings
 from unittest import mock
 
 import torch
@@ -44,13 +45,18 @@ def build_model(arch, dictionary, info=None, meta=False, **options):
     for key, value in options.items():
         setattr(args, key, value)
     ARCH_CONFIG_REGISTRY[arch](args)
-    with ExitStack() as stack:
-        if meta:
-            stack.enter_context(torch.device("meta"))
-            # fairseq's init_bert_params copies through the CPU, which meta tensors cannot; their
-            # values change no count
-            stack.enter_context(mock.patch("fairseq.models.roberta.model.init_bert_params", lambda module: None))
+    with on_meta_device() if meta else contextlib.nullcontext():
         return model_cls.build_model(args, stub_task(dictionary, info))
+
+
+@contextlib.contextmanager
+def on_meta_device():
+    """Models built inside have shapes without memory or values (counts; fairseq-train's checks before it runs)."""
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "for .*: copying from a non-meta parameter")  # a backbone: shapes only
+        # fairseq's init_bert_params copies through the CPU, which meta tensors cannot; their values change no count
+        with mock.patch("fairseq.models.roberta.model.init_bert_params", lambda module: None):
+            yield
 
 
 def build_method(method, dictionary, info=None, meta=False, **options):

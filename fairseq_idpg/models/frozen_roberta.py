@@ -61,7 +61,7 @@ def read_backbone(path):
         hint = f"did you mean {inside}?" if inside.is_file() else RELOCATE
         raise ConfigError(f"--backbone {path}: is a folder, not a fairseq checkpoint file; {hint}")
     try:
-        state = _load(file)
+        state = load_checkpoint_file(file)
     except Exception as e:  # unpickling, zip and EOF errors of a file that is not a (whole) checkpoint
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"--backbone {path}: not a fairseq checkpoint (torch.load: {reason}); {RELOCATE}") from None
@@ -73,7 +73,8 @@ def read_backbone(path):
     return state["model"]
 
 
-def _load(file):
+def load_checkpoint_file(file):
+    """A fairseq checkpoint file read on the CPU (memory-mapped where it can be)."""
     try:  # memory-mapped: the frozen weights are copied into the model once
         return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
     except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped

@@ -40,6 +40,7 @@ from fairseq_idpg.data.sentence_representation_cache import (
     split_sentence_ids,
     to_device,
 )
+from fairseq_idpg.errors import MissingFile
 from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
@@ -75,7 +76,7 @@ def glove_path(args):
         return args.idpg_glove_vectors
     if DEFAULT_GLOVE.is_file():
         return str(DEFAULT_GLOVE)
-    raise ValueError(
+    raise MissingFile(
         "--idpg-input glove needs GloVe vectors: give --idpg-glove-vectors PATH "
         "(glove.6B.300d.txt, from scripts/download.sh glove)"
     )

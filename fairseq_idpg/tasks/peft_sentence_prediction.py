@@ -97,7 +97,14 @@ class PeftSentencePredictionTask(SentencePredictionTask):
     # ------------------------------------------------------------------ data
     def _load_split(self, key, split, dictionary, combine):
         path = os.path.join(self.cfg.data, key, split)
-        return data_utils.load_indexed_dataset(path, dictionary, combine=combine)
+        empty = os.path.isfile(f"{path}.bin") and os.path.getsize(f"{path}.bin") == 0  # np.memmap refuses it
+        dataset = None if empty else data_utils.load_indexed_dataset(path, dictionary, combine=combine)
+        if empty or (dataset is not None and len(dataset) == 0):
+            raise ConfigError(
+                f"{path}.bin/.idx: no rows (an empty binarized split; prepare the data again with "
+                f"scripts/prepare_data.py)"
+            )
+        return dataset
 
     def load_dataset(self, split, combine=False, **kwargs):
         input0 = self._load_split("input0", split, self.source_dictionary, combine)
@@ -106,6 +113,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
                 f"dataset not found: {os.path.join(self.cfg.data, 'input0', split)}.bin/.idx "
                 f"(splits are written by scripts/prepare_data.py)"
             )
+
         input1 = self._load_split("input1", split, self.source_dictionary, combine)
         src_tokens = TruncatedSentencesDataset(
             input0,
