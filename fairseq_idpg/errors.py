@@ -26,11 +26,12 @@ torch or fairseq) is a check of those options and becomes a ConfigError.
 
 import contextlib
 import os
+import sys
 
 from fairseq_idpg_compat import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-__all__ = ["ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks"]
+__all__ = ["ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks", "one_line_errors"]
 
 
 class MissingFile(ConfigError, FileNotFoundError):
@@ -63,3 +64,15 @@ def option_checks():
         if not _raised_by_package(e):
             raise
         raise ConfigError(str(e)) from None
+
+
+def one_line_errors(parser):
+    """``parser`` (argparse) says a bad argument as ``PROG: error: MESSAGE`` alone, in one line, exit status 2:
+    argparse's own ``error`` prints the usage first."""
+
+    def error(message):
+        print(f"{parser.prog}: error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    parser.error = error
+    return parser

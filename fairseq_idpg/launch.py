@@ -28,6 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from fairseq_idpg.errors import one_line_errors
 from fairseq_idpg_compat import has_flag
 
 FAIRSEQ_TRAIN = "fairseq-train"
@@ -175,7 +176,7 @@ def main(argv=None):
         "--master-port", type=int, default=None, help="rendezvous port (default: torchrun --standalone)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
-    parser.error = lambda message: sys.exit(refuse(parser.prog, message))  # one line, not the usage too
+    one_line_errors(parser)
     opts = parser.parse_args(ours)
     if not train_args:
         parser.error("give the fairseq-train arguments after --")

@@ -422,9 +422,8 @@ def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    request = parse_args(argv)
     try:
-        return job(request, argv)
+        return job(parse_args(argv), argv)
     except RunError as e:
         print(f"run.sh: error: {e}", file=sys.stderr)
         return 130 if str(e).startswith("interrupted") else 2

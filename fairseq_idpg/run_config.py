@@ -138,14 +138,13 @@ class RunConfig:
 
     @classmethod
     def parser(cls, description=None, epilog=None, defaults=None):
-        """run.sh's argparse parser, one argument per field (``defaults`` replace the fields' own, and
-        then a bad value is a RunError rather than the usage and exit 2)."""
+        """run.sh's argparse parser, one argument per field (``defaults`` replace the fields' own); a bad
+        value is a RunError."""
         p = argparse.ArgumentParser(
             prog="scripts/run.sh", description=description, epilog=epilog, allow_abbrev=False,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )  # fmt: skip
-        if defaults is not None:
-            p.error = _raise
+        p.error = _raise  # a RunError: one line, said as run.sh says its others (argparse prints the usage first)
         groups = {name: p if title is None else p.add_argument_group(title) for name, title in GROUPS.items()}
         for f, kind in cls.options():
             meta, default = f.metadata, (defaults or {}).get(f.name, f.default)

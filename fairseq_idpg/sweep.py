@@ -643,8 +643,13 @@ def follow(submitted, progress, failures, records, poll=30):
 
 
 # ---------------------------------------------------------------------------------------- main
+def _refuse(message):
+    raise SweepError(message)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="scripts/sweep.sh", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.error = _refuse  # one line, said as the sweep says its others (argparse prints the usage first)
     p.add_argument("spec", help="a sweep specification (YAML), e.g. examples/idpg/table1.yaml")
     p.add_argument("--model", help="override the specification's model")
     p.add_argument("--work-dir", default=str(REPO), help="data-bin/, checkpoints/ and sweeps/ (default: the checkout)")

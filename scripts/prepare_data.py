@@ -12,11 +12,12 @@ See docs/data.md for the formats, label orders and split conventions.
 import argparse
 import sys
 
+from fairseq_idpg.errors import one_line_errors
 from fairseq_idpg.preprocessing import TASKS, PrepareError, prepare
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0])
+    parser = one_line_errors(argparse.ArgumentParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0]))
     parser.add_argument("task", help="one of " + ", ".join(TASKS) + " (any case)")
     parser.add_argument("--raw", required=True, help="the task's folder as distributed (e.g. glue/SST-2, lmbff/cr)")
     parser.add_argument("--out", required=True, help="output folder (built aside, renamed into place at the end)")

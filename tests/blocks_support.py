@@ -62,27 +62,16 @@ def logits(model, tokens=TOKENS):
     return model(tokens, classification_head_name="head")[0]
 
 
-def run_main_job(work_dir, method, task="RTE"):
+def run_main_job(work_dir, method, raw, task="RTE"):
     """``scripts/run.sh`` (prepare -> fairseq-train -> fairseq-validate), 5 updates on the offline
-    stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa); returns the run's folder
-    (``checkpoints/standin/<task>/<method>/lr<lr>.seed1.<hash>``) and its results.json."""
+    stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa) with the task files in ``raw`` (conftest's
+    ``glue_slices``: the first rows of the real files, so the dev set's first examples are the real
+    ones); returns the run's folder (``checkpoints/standin/<task>/<method>/lr<lr>.seed1.<hash>``) and
+    its results.json."""
     from fairseq_idpg.run import find_runs
 
-    cmd = [
-        "bash",
-        str(REPO / "scripts" / "run.sh"),
-        task,
-        "--method",
-        method,
-        "--max-update",
-        "5",
-        "--total-batch",
-        "8",
-        "--validate-interval-updates",
-        "5",
-        "--work-dir",
-        str(work_dir),
-    ]
+    cmd = ["bash", str(REPO / "scripts" / "run.sh"), task, "--method", method, "--raw", str(raw)]
+    cmd += ["--max-update", "5", "--total-batch", "8", "--validate-interval-updates", "5", "--work-dir", str(work_dir)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (save,) = find_runs(work_dir, "standin", task, method)

@@ -14,6 +14,7 @@ the meta device, so a model is built the same way in tests, counts, benchmarks a
 
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -67,6 +68,19 @@ def glue_slices(shared_data, tmp_path_factory) -> Path:
             with raw.open(encoding="utf-8", newline="") as lines:
                 head = "".join(itertools.islice(lines, rows + 1))
             (root / task.name / raw.name).write_text(head, encoding="utf-8", newline="")
+    return root
+
+
+@pytest.fixture(scope="session")
+def sst2_slice(shared_data, tmp_path_factory) -> Path:
+    """SST-2's first 3,200 train rows (100 updates of batch 32: as many sentences as 100 updates of
+    the whole set see) and its whole dev set (872), for the runs that must learn above chance: the same
+    learning, without preparing all 67,349 train rows."""
+    root = tmp_path_factory.mktemp("sst2-slice") / "SST-2"
+    root.mkdir()
+    with (shared_data / "glue" / "SST-2" / "train.tsv").open(encoding="utf-8", newline="") as lines:
+        (root / "train.tsv").write_text("".join(itertools.islice(lines, 3200 + 1)), encoding="utf-8", newline="")
+    shutil.copy(shared_data / "glue" / "SST-2" / "dev.tsv", root / "dev.tsv")
     return root
 
 

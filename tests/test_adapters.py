@@ -167,8 +167,8 @@ def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, pre
 
 
 @pytest.mark.slow
-def test_compacter_trains_and_validates_end_to_end(tmp_path, shared_data):
-    save, results = run_main_job(tmp_path, "compacter")
+def test_compacter_trains_and_validates_end_to_end(tmp_path, glue_slices, standin_model):
+    save, results = run_main_job(tmp_path, "compacter", glue_slices / "RTE")
     assert_compact_and_resumable(save, updates=5)  # adapters + head + fingerprint; the optimizer state fits
     # the hub, from the raw dev sentences, reproduces the prepared tokens and what fairseq-validate's model predicts
     assert_hub_agrees_with_validation(save, "RTE", SHARED / "data" / "glue" / "RTE")

@@ -105,6 +105,9 @@ PREPARE = {
     "few-shot 0": (lambda t: ["SST-2", "--raw", sst2(t / "raw"), "--few-shot", "0"], "K must be at least 1"),
     "dev-from-train 8": (lambda t: ["SST-2", "--raw", sst2(t / "raw"), "--dev-from-train", "8"], "between 1 and 7"),
     "no vocab": (lambda t: ["SST-2", "--raw", sst2(t / "raw"), "--vocab", t / "no-vocab.txt"], "--vocab"),
+    # argparse's own errors: the line alone, not after the usage
+    "workers not a number": (lambda t: ["SST-2", "--raw", sst2(t / "raw"), "--workers", "x"], "invalid int value"),
+    "bpe not a choice": (lambda t: ["SST-2", "--raw", sst2(t / "raw"), "--bpe", "spm"], "invalid choice: 'spm'"),
 }
 
 
@@ -293,6 +296,8 @@ RUN = {
     "total-batch 0": (["--total-batch", "0"], "--total-batch must be > 0, got 0"),
     "unknown method": (["--method", "nope"], "unknown --method 'nope'"),
     "batch layout": (["--total-batch", "32", "--nproc", "3"], "--total-batch 32 is not a multiple"),
+    "nproc not a number": (["--nproc", "x"], "argument --nproc: invalid int value: 'x'"),
+    "lr not a number": (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
 }
 
 
@@ -315,6 +320,7 @@ LAUNCH = {
     "no fairseq-train args": (["--total-batch", "8"], "give the fairseq-train arguments after --"),
     "launcher's flag": (["--total-batch", "8", "--", "data", "--update-freq", "2"], "--update-freq is set by the"),
     "batch layout": (["--total-batch", "8", "--nproc", "3", "--", "data"], "--total-batch 8 is not a multiple"),
+    "nproc not a number": (["--nproc", "x", "--total-batch", "8", "--", "data"], "invalid int value: 'x'"),
 }
 
 

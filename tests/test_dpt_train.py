@@ -163,9 +163,9 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
 
 
 @pytest.mark.slow
-def test_main_job_trains_dpt_on_the_standin(tmp_path, shared_data):
-    """scripts/run.sh RTE --method dpt: prepare, fairseq-train (8 updates, one validation),
-    fairseq-validate of the compact checkpoint."""
+def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model):
+    """scripts/run.sh RTE --method dpt on slices of the real RTE files: prepare, fairseq-train (8 updates,
+    one validation), fairseq-validate of the compact checkpoint."""
     out = run(
         [
             "bash",
@@ -173,6 +173,8 @@ def test_main_job_trains_dpt_on_the_standin(tmp_path, shared_data):
             "RTE",
             "--method",
             "dpt",
+            "--raw",
+            glue_slices / "RTE",
             "--max-update",
             "8",
             "--validate-interval-updates",

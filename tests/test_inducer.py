@@ -266,8 +266,8 @@ def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, pre
 
 
 @pytest.mark.slow
-def test_mam_inducer_trains_and_validates_end_to_end(tmp_path, shared_data):
-    save, results = run_main_job(tmp_path, "mam-inducer")
+def test_mam_inducer_trains_and_validates_end_to_end(tmp_path, glue_slices, standin_model):
+    save, results = run_main_job(tmp_path, "mam-inducer", glue_slices / "RTE")
     assert_compact_and_resumable(save, updates=5)  # inducer + LoRA + adapter + head + fingerprint
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)["model"]
     assert any(".self_attn.inducer.value_B" in k for k in state) and any(".parallel_adapter." in k for k in state)

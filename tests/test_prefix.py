@@ -138,8 +138,8 @@ def test_prefixes_change_outputs_and_bad_length_fails(tiny):
 
 
 @pytest.mark.slow
-def test_prefix_tuning_trains_and_validates_from_the_compact_checkpoint(tmp_path, shared_data):
-    save, results = run_main_job(tmp_path, "prefix-tuning")
+def test_prefix_tuning_trains_and_validates_from_the_compact_checkpoint(tmp_path, glue_slices, standin_model):
+    save, results = run_main_job(tmp_path, "prefix-tuning", glue_slices / "RTE")
     # checkpoints: the MLP + head + fingerprint, no backbone tensor; checkpoint_last resumes
     assert_compact_and_resumable(save, updates=5)
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)

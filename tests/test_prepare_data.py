@@ -426,8 +426,10 @@ def test_interrupted_prepare_removes_its_temporary_folder(tmp_path, run, monkeyp
 
     def interrupted(spec, splits, tmp, *args):
         (tmp / "input0").mkdir()  # part of the work done
-        os.kill(os.getpid(), signum)
-        time.sleep(30)
+        # raise_signal: delivered to this thread and handled before it returns (os.kill may reach another
+        # thread, and the work would go on: the race this test once lost on a loaded machine)
+        signal.raise_signal(signum)
+        raise AssertionError(f"signal {signum} was not handled")
 
     monkeypatch.setattr(prepare_module, "_binarize", interrupted)
     handler = signal.getsignal(signal.SIGTERM)
