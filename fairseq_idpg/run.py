@@ -481,7 +481,7 @@ class Backbone(NamedTuple):
     name: str  # its folder under data-bin/ and checkpoints/
     present: bool  # the files exist (a dry run of roberta.* plans without them)
     dims: dict  # the encoder's fairseq-train flags
-    missing: list  # what a dry run found absent, one line each
+    missing: list = []  # what a dry run found absent, one line each
 
 
 class Data(NamedTuple):

@@ -149,7 +149,9 @@ class TrainingProcess:
     def find(self):
         for pid in descendants(self.root):
             try:
-                if b"fairseq_cli.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                # the launcher runs the fairseq-train console script (python -m fairseq_cli.train before)
+                if any(a.endswith(b"fairseq-train") or a == b"fairseq_cli.train" for a in args[:3]):
                     self.pid = pid
             except OSError:
                 pass

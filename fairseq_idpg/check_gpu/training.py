@@ -102,14 +102,15 @@ def launcher_command(setup, name, precision="fp32", nproc=1, update_freq=1, save
 def fairseq_train_argv(launcher, cpu):
     """The fairseq-train arguments of a one-process launcher command (``launch.build_command``'s: one
     process, pinned to a world of 1)."""
-    from fairseq_idpg.launch import build_command
+    from fairseq_idpg.launch import FAIRSEQ_TRAIN, build_command
 
     split = launcher.index("--")
     ours, train_args = launcher[:split], launcher[split + 1 :]
     value = lambda flag: int(ours[ours.index(flag) + 1])  # noqa: E731
     assert value("--nproc") == 1, "fairseq_train_argv is for one process"
     cmd = build_command(train_args, 1, value("--total-batch"), value("--batch-size"), cpu=cpu)
-    return cmd[3:]  # after [python, -m, fairseq_cli.train]
+    assert cmd[0].endswith(FAIRSEQ_TRAIN), cmd[0]
+    return cmd[1:]  # after the fairseq-train console script
 
 
 def train_in_process(argv, log):
