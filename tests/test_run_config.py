@@ -117,7 +117,8 @@ def test_committed_records_are_planned_again_from_their_command(shared_data, sta
     for path in committed_records():
         record = json.loads(path.read_text())
         argv = record["command"].split()[1:]
-        config, folder, _ = planned(argv[: argv.index("--work-dir")], tmp_path)
+        argv = argv[: argv.index("--work-dir")] if "--work-dir" in argv else argv  # absent: the checkout, the default
+        config, folder, _ = planned(argv, tmp_path)
         assert as_recorded(config, record) == record["config"], path
         assert f"{folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(config)}" == record["run"]
         request = RunConfig.from_config(record["config"], work_dir=str(tmp_path), dry_run=True)
