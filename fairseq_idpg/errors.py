@@ -31,7 +31,9 @@ import sys
 from fairseq_idpg_compat import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-__all__ = ["ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks", "one_line_errors"]
+__all__ = [
+    "ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks", "one_line_errors", "refuse",
+]  # fmt: skip
 
 
 class MissingFile(ConfigError, FileNotFoundError):
@@ -66,13 +68,14 @@ def option_checks():
         raise ConfigError(str(e)) from None
 
 
+def refuse(prog, message):
+    """Say ``PROG: error: MESSAGE`` in one line on stderr; returns the exit status, 2."""
+    print(f"{prog}: error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
+    return 2
+
+
 def one_line_errors(parser):
     """``parser`` (argparse) says a bad argument as ``PROG: error: MESSAGE`` alone, in one line, exit status 2:
     argparse's own ``error`` prints the usage first."""
-
-    def error(message):
-        print(f"{parser.prog}: error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
-        sys.exit(2)
-
-    parser.error = error
+    parser.error = lambda message: sys.exit(refuse(parser.prog, message))
     return parser

@@ -28,7 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fairseq_idpg.errors import one_line_errors
+from fairseq_idpg.errors import one_line_errors, refuse
 from fairseq_idpg_compat import has_flag
 
 FAIRSEQ_TRAIN = "fairseq-train"
@@ -118,12 +118,6 @@ def build_command(train_args, nproc, total_batch, batch_size, cpu=None, master_p
         "--no-python",
         train,
     ] + args
-
-
-def refuse(prog, message):
-    """Say ``PROG: error: MESSAGE`` in one line on stderr; the exit status 2."""
-    print(f"{prog}: error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
-    return 2
 
 
 def run_workers(cmd):
