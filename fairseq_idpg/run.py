@@ -371,6 +371,15 @@ def config_hash(config):
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:8]
 
 
+def portable_hash(config):
+    """``config_hash`` without the model file's path, which the run folder's hash has always included (to
+    keep finished runs' folders, it still does): the same run in another checkout or work folder has the
+    same portable hash. The model file is still identified by its sha256."""
+    defining = json.loads(json.dumps(config, default=str))
+    defining["model"].pop("path", None)
+    return config_hash(defining)
+
+
 # ---------------------------------------------------------------------------------------- the job
 def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, data_seed=1, dry=False, log=print):
     """Prepare ``data`` unless its task.json records the provenance that ``raw`` + ``bpe`` (prepare_data.py's

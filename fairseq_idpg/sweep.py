@@ -28,10 +28,12 @@ A specification is a YAML file (``examples/*/``)::
 A variant (a mapping in ``methods``) may also set its own ``lrs``, ``head_lrs``, ``seeds``, ``tasks``,
 ``max_update``. A run is one ``scripts/run.sh TASK --method M --lr X --seed S ...`` (fairseq_idpg/run.py),
 whose folder is named by its configuration's hash: the sweep decides every run first (preparing
-the data each needs, one folder at a time), skips those with a ``results.json``, and starts the
-others; an interrupted run resumes from its ``checkpoint_last.pt`` the next time. Each finished
-run's ``results.json`` is copied, with its label, to the records folder (``--records``), which the
-results command reads.
+the data each needs, one folder at a time), skips those with a ``results.json`` or with a record of
+the same configuration in the records folder (a study committed from another checkout: the run
+folder's hash includes the model file's path, so the record is matched by its configuration without
+paths), and starts the others; an interrupted run resumes from its ``checkpoint_last.pt`` the next
+time. Each finished run's ``results.json`` is copied, with its label, to the records folder
+(``--records``), which the results command reads.
 
 Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVICES`` pinned per run;
 ``--runs-per-gpu K`` packs K runs on a device), or ``--jobs K`` CPU runs with the cores split between
@@ -64,7 +66,7 @@ from typing import List, Optional
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.results.records import few_shot_budget
-from fairseq_idpg.run import REPO, check, format_duration, format_lr, plan, quiet, warn_missing
+from fairseq_idpg.run import REPO, check, format_duration, format_lr, plan, portable_hash, quiet, warn_missing
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
@@ -374,17 +376,39 @@ def summary(spec, runs):
 
 
 # ---------------------------------------------------------------------------------------- records
+def record_dir(run, records):
+    budget = re.sub(r"[^\w=.-]+", "_", run.budget).strip("_")  # "K=1000 (CR: 775)" -> "K=1000_CR_775"
+    return Path(records) / budget / run.task / run.label
+
+
 def record(run, p, records):
     """Copy the run's results.json to ``records/<budget>/<task>/<label>/<run folder>.json`` with its label."""
     result = json.loads((p.folder / "results.json").read_text())
     result.update(label=run.label, budget=run.budget)
-    budget = re.sub(r"[^\w=.-]+", "_", run.budget).strip("_")  # "K=1000 (CR: 775)" -> "K=1000_CR_775"
-    dest = Path(records) / budget / run.task / run.label / f"{p.folder.name}.json"
+    dest = record_dir(run, records) / f"{p.folder.name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, dest)  # a record is complete or absent
     return result
+
+
+def recorded(run, p, records):
+    """The record of this run's configuration in ``records``, or None. Its file is named by the run folder
+    of the checkout it ran in, whose hash includes that checkout's model path: the configurations are
+    compared without paths (``portable_hash``), so a committed study resumes in a fresh clone."""
+    if not p.complete:
+        return None
+    prefix = p.folder.name.rsplit(".", 1)[0]  # lr<lr>.seed<seed>
+    wanted = portable_hash(p.config)
+    for path in sorted(record_dir(run, records).glob(f"{prefix}.*.json")):
+        try:
+            config = json.loads(path.read_text())["config"]
+        except (ValueError, KeyError):
+            continue  # not a record: never a match
+        if portable_hash(config) == wanted:
+            return path
+    return None
 
 
 class Failures:
@@ -736,13 +760,20 @@ def sweep(opts):
             print(f"planning {i + 1}-{min(i + 50, len(spec.runs))} of {len(spec.runs)} ...", flush=True)
         plans.append((run, plan_run(run, spec.model, opts.work_dir, opts.dry_run)))
     finished = [(r, p) for r, p in plans if p.finished]
+    elsewhere = {r.name: path for r, p in plans if not p.finished and (path := recorded(r, p, records))}
     # seed by seed: an unfinished sweep's table has every cell's first seeds rather than some cells' all
-    pending = sorted(((r, p) for r, p in plans if not p.finished), key=lambda item: item[0].seed)
+    pending = sorted(
+        ((r, p) for r, p in plans if not p.finished and r.name not in elsewhere), key=lambda item: item[0].seed
+    )
     if opts.dry_run:
         for run, p in plans:
-            print(("[finished] " if p.finished else "") + describe(run, p))
+            print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + describe(run, p))
         updates = sum(p.config["updates"] for _, p in plans)
-        print(f"{len(plans)} runs, {len(finished)} finished, {len(pending)} to run; {updates:,} updates in all")
+        print(
+            f"{len(plans)} runs, {len(finished)} finished, "
+            + (f"{len(elsewhere)} recorded elsewhere, " if elsewhere else "")
+            + f"{len(pending)} to run; {updates:,} updates in all"
+        )
         if not all(p.complete for _, p in plans):
             print("(<hash>: known once the model file and the prepared data exist)")
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
@@ -752,8 +783,10 @@ def sweep(opts):
 
     for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
         record(run, p, records)
+    for name, path in elsewhere.items():
+        print(f"recorded: {name} finished in another checkout, not run again ({path})")
     failures = Failures(sweep_dir / "failures.json")
-    progress = SweepProgress(spec.name, len(plans), len(finished), 1)
+    progress = SweepProgress(spec.name, len(plans), len(finished) + len(elsewhere), 1)
     print(progress.line(), flush=True)
     if pending:
         if opts.executor == "local":

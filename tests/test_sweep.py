@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_idpg import run as main_job
 from fairseq_idpg import sweep
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.results.records import default_budget
@@ -341,3 +342,40 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     (log,) = (tmp_path / "sweeps" / "smoke" / "logs").glob("*.log")
     assert "cached: this configuration finished" in log.read_text()
     assert len(records_of(tmp_path / "records")) == 1
+
+
+# ---------------------------------------------------------------------------------------- records from elsewhere
+def test_a_record_from_another_checkout_is_not_run_again(glue_slices, standin_model, tmp_path, monkeypatch, capsys):
+    """A study's records are committed from the checkout that ran them; a fresh clone has the records but
+    not the run folders, and its model file has another path (part of the run folder's hash). The record
+    of the same configuration counts as finished, announced as such; one of another configuration does not."""
+    monkeypatch.setenv("GLUE_DIR", str(glue_slices))
+    text = "name: s\nmodel: standin\ntasks: [RTE]\nmethods: [prompt-tuning-5]\nlrs: recipe\nseeds: [1]\nmax_update: 4\n"
+    spec = write_spec(tmp_path, text)
+    work, records = tmp_path / "work", tmp_path / "records"
+    (run,) = sweep.load_spec(spec).runs
+    p = sweep.plan_run(run, "standin", str(work), dry=False)  # prepares the data: the hash is known
+    assert p.complete and not p.finished
+    elsewhere = json.loads(json.dumps(p.config))
+    elsewhere["model"]["path"] = "/elsewhere/models/minilm-l6-fairseq/model.pt"
+    name = f"{p.folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(elsewhere)}"
+    assert name != p.folder.name  # the folder's hash differs with the model's path ...
+    dest = sweep.record_dir(run, records) / f"{name}.json"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
+    argv = [str(spec), "--work-dir", str(work), "--records", str(records)]
+
+    assert sweep.main([*argv, "--dry-run"]) == 0  # ... and the record is matched by its configuration
+    out = capsys.readouterr().out
+    assert "[recorded] RTE    prompt-tuning-5" in out
+    assert "1 runs, 0 finished, 1 recorded elsewhere, 0 to run" in out
+    assert sweep.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"recorded: {run.name} finished in another checkout, not run again ({dest})" in out
+    assert "[sweep s] 1/1 done (1 cached), 0 running, 0 failed, 0 left" in out
+    assert not p.folder.exists() and json.loads(dest.read_text())["score"] == 61.0  # not run, record kept
+
+    elsewhere["updates"] = 5  # another configuration under the same lr and seed: not this run's record
+    dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
+    assert sweep.main([*argv, "--dry-run"]) == 0
+    assert "1 runs, 0 finished, 1 to run" in capsys.readouterr().out
