@@ -2,7 +2,7 @@
 checkpoint that fairseq-validate and the hub load (the importers' output).
 
     model, cfg = build_for_import(METHODS["lora"], backbone, data, {"--lora-rank": 8})
-    ... copy the imported tensors into model ...
+    copy_imported(model, {"encoder...lora_q.A": tensor, ...}, folder)
     save_imported(model, cfg, out_file, source="peft:/path/to/adapter")
 
 The command line is the method's part of run.sh's fairseq-train command (``Method.train_args``, the
@@ -41,6 +41,23 @@ def build_for_import(method, backbone, data, overrides=None):
         task = tasks.setup_task(cfg.task)
         model = task.build_model(cfg.model)
     return model.eval(), cfg
+
+
+def copy_imported(model, state, folder):
+    """Copy ``state`` (our names -> imported tensors) into ``model``; a shape that differs is one line naming
+    the tensor and ``folder`` (another backbone, or another number of classes), before anything is copied."""
+    import torch
+
+    own = model.state_dict(full=True)
+    for key, value in state.items():
+        if own[key].shape != value.shape:
+            raise ConfigError(
+                f"{folder}: {key} has shape {tuple(value.shape)}, this model {tuple(own[key].shape)} "
+                f"(another backbone, or another number of classes than --data's)"
+            )
+    with torch.no_grad():
+        for key, value in state.items():
+            own[key].copy_(value)
 
 
 def save_imported(model, cfg, out_file, source):

@@ -97,8 +97,8 @@ def check_exportable(run):
     if blocks and "prefix" in blocks:
         raise NotExpressible(
             f"{method}: PEFT gives prefixes to transformers as a key/value cache, which numbers the real tokens' "
-            f"positions from l (ours: 0..T-1), and on RoBERTa PEFT 0.21.2 does not run it; the MAM adapter "
-            f"goes to adapters (scripts/export_peft.py --format adapters)"
+            f"positions from l (ours: 0..T-1), and on RoBERTa PEFT 0.21.2 does not run it; prefix tuning and "
+            f"the MAM adapter go to adapters (scripts/export_peft.py --format adapters)"
         )
     raise NotExpressible(
         f"{method}: PEFT holds LoRA here (blocks of this run: {', '.join(blocks or ['none'])}); "
@@ -237,9 +237,7 @@ def pretrained_pooler(hf):
 def import_peft(folder, hf, method, backbone, data, out_file):
     """Write the PEFT LoRA adapter ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``)
     as our compact checkpoint of ``method`` (the ``lora`` record) for the prepared ``data``."""
-    import torch
-
-    from fairseq_idpg.interop.method_checkpoint import build_for_import, save_imported
+    from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
 
     config, tensors = read_peft(folder)
     overrides, _ = lora_import_settings(config, folder)
@@ -247,14 +245,5 @@ def import_peft(folder, hf, method, backbone, data, out_file):
     head = cfg.model.classification_head_name if hasattr(cfg.model, "classification_head_name") else None
     head = head or next(iter(model.classification_heads))
     state = imported_state(tensors, hf, model, head, folder)
-    own = model.state_dict(full=True)
-    for key, value in state.items():
-        if own[key].shape != value.shape:
-            raise ConfigError(
-                f"{folder}: {key} has shape {tuple(value.shape)}, this model {tuple(own[key].shape)} "
-                f"(another backbone, or another number of classes than --data's)"
-            )
-    with torch.no_grad():
-        for key, value in state.items():
-            own[key].copy_(value)
+    copy_imported(model, state, folder)
     return save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")
