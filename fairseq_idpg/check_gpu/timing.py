@@ -70,6 +70,8 @@ def hf_roberta(state, sizes, head=None, dropout=0.1):
     given, a fairseq classification head's ``dense`` / ``out_proj`` (``head``: its key prefix)."""
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
+    from fairseq_idpg.interop.hf_backbone import hf_roberta_weights
+
     enc = "encoder.sentence_encoder."
     words, positions = state[enc + "embed_tokens.weight"], state[enc + "embed_positions.weight"]
     config = RobertaConfig(
@@ -80,21 +82,7 @@ def hf_roberta(state, sizes, head=None, dropout=0.1):
         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )  # fmt: skip
     model = RobertaForSequenceClassification(config)
-    mapped = {
-        "roberta.embeddings.word_embeddings.weight": words,
-        "roberta.embeddings.position_embeddings.weight": positions,
-        "roberta.embeddings.token_type_embeddings.weight": torch.zeros(1, words.shape[1]),  # fairseq has none
-        "roberta.embeddings.LayerNorm.weight": state[enc + "layernorm_embedding.weight"],
-        "roberta.embeddings.LayerNorm.bias": state[enc + "layernorm_embedding.bias"],
-    }
-    pairs = (("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
-             ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
-             ("attention.output.LayerNorm", "self_attn_layer_norm"), ("intermediate.dense", "fc1"),
-             ("output.dense", "fc2"), ("output.LayerNorm", "final_layer_norm"))  # fmt: skip
-    for i in range(sizes["encoder_layers"]):
-        for hf, fs in pairs:
-            for kind in ("weight", "bias"):
-                mapped[f"roberta.encoder.layer.{i}.{hf}.{kind}"] = state[f"{enc}layers.{i}.{fs}.{kind}"]
+    mapped = hf_roberta_weights(state, sizes["encoder_layers"])
     if head is not None:
         for part in ("dense", "out_proj"):
             for kind in ("weight", "bias"):

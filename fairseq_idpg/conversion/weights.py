@@ -33,6 +33,18 @@ from .source import FAIRSEQ_PAD, HFSource
 logger = logging.getLogger("fairseq_idpg.conversion")
 
 FAIRSEQ_LAYER_NORM_EPS = 1e-5  # fairseq.modules.LayerNorm default, used by every RoBERTa LayerNorm
+# the modules of one encoder layer: Hugging Face BERT/RoBERTa name (under ``encoder.layer.{i}.``) ->
+# fairseq name (under ``encoder.sentence_encoder.layers.{i}.``); each has a weight and a bias
+LAYER_PAIRS = (
+    ("attention.self.query", "self_attn.q_proj"),
+    ("attention.self.key", "self_attn.k_proj"),
+    ("attention.self.value", "self_attn.v_proj"),
+    ("attention.output.dense", "self_attn.out_proj"),
+    ("attention.output.LayerNorm", "self_attn_layer_norm"),
+    ("intermediate.dense", "fc1"),
+    ("output.dense", "fc2"),
+    ("output.LayerNorm", "final_layer_norm"),
+)
 
 
 # ---------------------------------------------------------------- HF tensors -> fairseq names
@@ -98,17 +110,9 @@ def map_weights(src: HFSource, weights: _Weights, order: List[int]) -> Tuple[dic
 
     for i in range(src.layers):
         hf, fs = f"encoder.layer.{i}.", f"{enc}layers.{i}."
-        pairs = [
-            ("attention.self.query", "self_attn.q_proj", (d, d)),
-            ("attention.self.key", "self_attn.k_proj", (d, d)),
-            ("attention.self.value", "self_attn.v_proj", (d, d)),
-            ("attention.output.dense", "self_attn.out_proj", (d, d)),
-            ("attention.output.LayerNorm", "self_attn_layer_norm", None),
-            ("intermediate.dense", "fc1", (f, d)),
-            ("output.dense", "fc2", (d, f)),
-            ("output.LayerNorm", "final_layer_norm", None),
-        ]
-        for hf_name, fs_name, shape in pairs:
+        shapes = {"fc1": (f, d), "fc2": (d, f)}
+        for hf_name, fs_name in LAYER_PAIRS:
+            shape = None if fs_name.endswith("layer_norm") else shapes.get(fs_name, (d, d))
             out[fs + fs_name + ".weight"] = weights.get(hf + hf_name + ".weight", shape or (d,))
             out[fs + fs_name + ".bias"] = weights.get(hf + hf_name + ".bias", (shape or (d,))[0:1])
 

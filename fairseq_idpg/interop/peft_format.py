@@ -1,0 +1,249 @@
+"""Our trained methods <-> Hugging Face PEFT adapter folders (adapter_config.json + adapter_model.safetensors).
+
+What PEFT can hold exactly, and what it cannot (docs/using.md, "PEFT and adapters"):
+
+- **LoRA** (``lora``, ``--lora-targets`` q/v): PEFT's ``LoraConfig`` on ``query``/``value`` computes
+  W x + (alpha / r) B A Dropout(x), our update (Hu et al. 2021, Eq. 3; ``modules/attention/lora.py``),
+  with the same init (A kaiming-uniform a = sqrt(5), B = 0). Exported and imported; the classification
+  head goes as ``modules_to_save``.
+- **Prompt tuning** (``prompt-tuning-5/100/134``): not exportable. PEFT prepends the virtual tokens
+  *before* ``<s>``/``[CLS]`` and the classifier then reads the first virtual token's output
+  (``PeftModelForSequenceClassification.forward``: ``cat(prompts, inputs_embeds)``; RoBERTa's head takes
+  ``features[:, 0]``, BERT's pooler ``hidden[:, 0]``), while ours inserts them right after ``<s>`` (IDPG
+  appendix A.4, position 0) and the head reads ``<s>``: another function of the same prompt.
+- **Prefix tuning** (``prefix-tuning``) and **P-tuning v2**: not exportable. PEFT hands the prefixes to
+  transformers as a key/value cache, and transformers then numbers the real tokens' positions from l
+  (``past_key_values_length``), where ours (Li & Liang 2021 section 4.2, He et al. 2021) leaves them at
+  0..T-1; on RoBERTa PEFT 0.21.2 does not run at all (transformers 5: "Model does not support past key
+  values"; 4.57: it gives the cache to the classifier as the pooled output). Our ``p-tuning-v2-5`` is
+  IDPG's scheme besides: prompts *added* to the hidden states at the prompt slots after each layer
+  (IDPG section 4.1), whose keys then depend on the input; PEFT's P-tuning v2 is static prefixes.
+
+Everything refused raises ``NotExpressible`` (a ConfigError: one line, exit status 2 from the scripts)
+before anything is written.
+"""
+
+import json
+import os
+
+from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.interop.hf_backbone import HEAD_MODULES, HEAD_NAMES
+
+CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+PREFIX = "base_model.model."  # PEFT's key prefix of the wrapped model's tensors
+LORA_MODULES = {"q": "query", "v": "value"}  # our targets -> transformers' attention.self.<name>
+HEAD_KEY = "classification_heads.{head}.{part}.{kind}"
+
+
+class NotExpressible(ConfigError):
+    """The format cannot hold this method exactly (why: the message)."""
+
+
+# ---------------------------------------------------------------------------------------------- reading ours
+def active_blocks(model):
+    """Names of the active blocks of a ``roberta_blocks`` model (None for another architecture)."""
+    configs = getattr(model, "block_configs", None)
+    return None if configs is None else sorted(config.name for config in configs if config.active())
+
+
+def describe(options):
+    """The method as its preset names it (for messages)."""
+    name = options.get("blocks_preset") or options.get("prompt_preset") or options.get("idpg_preset")
+    return name or options.get("arch") or options.get("_name")
+
+
+def refuse_prompt(options):
+    """Why our prompt methods cannot go to PEFT (module docstring); always raises."""
+    method = describe(options)
+    if options.get("prompt_deep"):
+        raise NotExpressible(
+            f"{method}: PEFT's P-tuning v2 is static key/value prefixes (and numbers positions from l), while "
+            f"ours adds a prompt to the hidden states at the prompt slots after each layer (IDPG section 4.1), "
+            f"whose keys depend on the input"
+        )
+    raise NotExpressible(
+        f"{method}: PEFT inserts the virtual tokens before <s> and its classifier reads the first of them; ours "
+        f"inserts them after <s> (--prompt-position {options.get('prompt_position', 0)}) and the head reads <s>: "
+        f"not the same function of the prompt"
+    )
+
+
+def head_tensors(run, hf):
+    """The classification head under PEFT's names for ``hf``'s ``*ForSequenceClassification``."""
+    head = run.model.classification_heads[run.head]
+    out = {}
+    for part, hf_name in HEAD_NAMES[hf.model_type].items():
+        for kind in ("weight", "bias"):
+            out[f"{PREFIX}{hf_name}.{kind}"] = getattr(getattr(head, part), kind).detach().float().contiguous()
+    return out
+
+
+def lora_settings(model):
+    """(rank, alpha, dropout, targets) of the LoRA of a model whose only block is LoRA."""
+    config = next(c for c in model.block_configs if c.name == "lora")
+    return config.lora_rank, config.lora_alpha, config.lora_dropout, sorted(config.targets())
+
+
+# ---------------------------------------------------------------------------------------------- export
+def check_exportable(run):
+    """The PEFT type ``run``'s method exports to ("LORA"); ``NotExpressible`` otherwise."""
+    options = run.options
+    if options.get("arch", options.get("_name", "")).startswith("roberta_prompt"):
+        refuse_prompt(options)
+    blocks = active_blocks(run.model)
+    if blocks == ["lora"]:
+        return "LORA"
+    method = describe(options)
+    if blocks and "prefix" in blocks:
+        raise NotExpressible(
+            f"{method}: PEFT gives prefixes to transformers as a key/value cache, which numbers the real tokens' "
+            f"positions from l (ours: 0..T-1), and on RoBERTa PEFT 0.21.2 does not run it; prefix tuning and "
+            f"the MAM adapter go to adapters (scripts/export_peft.py --format adapters)"
+        )
+    raise NotExpressible(
+        f"{method}: PEFT holds LoRA here (blocks of this run: {', '.join(blocks or ['none'])}); "
+        f"adapters go to --format adapters, the rest has no PEFT form (docs/using.md)"
+    )
+
+
+def lora_tensors(run, hf):
+    """The LoRA A and B of every layer under PEFT's names (A: [r, in], B: [out, r], as ``nn.Linear``)."""
+    out = {}
+    for i, layer in enumerate(run.model.encoder.sentence_encoder.layers):
+        for t, module in LORA_MODULES.items():
+            lora = getattr(layer.self_attn, f"lora_{t}", None)
+            if lora is None:
+                continue
+            name = PREFIX + hf.layer(i, f"attention.self.{module}")
+            out[f"{name}.lora_A.weight"] = lora.A.detach().float().contiguous()
+            out[f"{name}.lora_B.weight"] = lora.B.detach().float().contiguous()
+    return out
+
+
+def export_peft(run, hf, out_dir, base_model):
+    """Write ``run`` (a ``trained.TrainedRun``) as a PEFT folder for the Hugging Face model ``hf``
+    (``hf_backbone.HFBackbone``) named ``base_model`` in its config; returns the config."""
+    from safetensors.torch import save_file
+
+    check_exportable(run)
+    rank, alpha, dropout, targets = lora_settings(run.model)
+    config = {
+        "peft_type": "LORA",
+        "task_type": "SEQ_CLS",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": dropout,
+        "target_modules": [LORA_MODULES[t] for t in targets],
+        "modules_to_save": HEAD_MODULES[hf.model_type],
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+    }
+    tensors = {**lora_tensors(run, hf), **head_tensors(run, hf)}
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, CONFIG), "w") as f:
+        json.dump(config, f, indent=1)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------- import
+def read_peft(folder):
+    """(config, tensors) of a PEFT adapter folder; one line when it is not one."""
+    from safetensors.torch import load_file
+
+    config_file, weights_file = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
+    for path in (config_file, weights_file):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{folder}: not a PEFT adapter folder (no {os.path.basename(path)})")
+    with open(config_file) as f:
+        return json.load(f), load_file(weights_file)
+
+
+def lora_import_settings(config, folder):
+    """(overrides of our flags, our targets) for a PEFT LoRA config; ``NotExpressible`` for what ours lacks."""
+    if config.get("peft_type") != "LORA":
+        raise NotExpressible(f"{folder}: a PEFT {config.get('peft_type')} adapter; only LORA has our form here")
+    targets = config.get("target_modules") or []
+    unsupported = {
+        "target_modules other than query/value": isinstance(targets, str) or not set(targets) <= {"query", "value"},
+        "bias": config.get("bias", "none") != "none",
+        "use_rslora (alpha / sqrt(r))": config.get("use_rslora"),
+        "use_dora": config.get("use_dora"),
+        "rank_pattern / alpha_pattern": config.get("rank_pattern") or config.get("alpha_pattern"),
+        "layers_to_transform": config.get("layers_to_transform") is not None,
+        "fan_in_fan_out": config.get("fan_in_fan_out"),
+    }
+    bad = [name for name, is_set in unsupported.items() if is_set]
+    if bad:
+        raise NotExpressible(f"{folder}: LoRA with {', '.join(bad)}: ours is W_q / W_v, alpha / r, no bias (Hu et al.)")
+    ours = sorted(t for t, module in LORA_MODULES.items() if module in targets)
+    overrides = {
+        "--lora-rank": config["r"],
+        "--lora-alpha": float(config.get("lora_alpha", 8)),
+        "--lora-dropout": float(config.get("lora_dropout", 0.0)),
+        "--lora-targets": ",".join(ours),
+    }
+    return overrides, ours
+
+
+def imported_state(tensors, hf, model, head, folder):
+    """Our state entries (LoRA + head) from PEFT's ``tensors``; a missing one is one line naming it.
+    A BERT head trained without the pooler in ``modules_to_save`` keeps BERT's pretrained pooler."""
+    state = {}
+
+    def take(key, ours):
+        if key not in tensors:
+            raise ConfigError(f"{folder}: {WEIGHTS} lacks {key}")
+        state[ours] = tensors[key]
+
+    for i, layer in enumerate(model.encoder.sentence_encoder.layers):
+        for t, module in LORA_MODULES.items():
+            if getattr(layer.self_attn, f"lora_{t}", None) is None:
+                continue
+            name = PREFIX + hf.layer(i, f"attention.self.{module}")
+            take(f"{name}.lora_A.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.A")
+            take(f"{name}.lora_B.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.B")
+    pretrained = pretrained_pooler(hf) if f"{PREFIX}bert.pooler.dense.weight" not in tensors else {}
+    for part, hf_name in HEAD_NAMES[hf.model_type].items():
+        for kind in ("weight", "bias"):
+            key, ours = f"{PREFIX}{hf_name}.{kind}", HEAD_KEY.format(head=head, part=part, kind=kind)
+            if key in pretrained:
+                state[ours] = pretrained[key]
+            else:
+                take(key, ours)
+    return state
+
+
+def pretrained_pooler(hf):
+    """BERT's pretrained pooler (``base_model.model.bert.pooler.dense.*``) from ``hf``'s own weights."""
+    if hf.model_type != "bert":
+        return {}
+    from fairseq_idpg.conversion.source import inspect_source, load_hf_state_dict
+
+    weights = load_hf_state_dict(inspect_source(hf.path).weights_file)
+    return {
+        f"{PREFIX}bert.pooler.dense.{kind}": weights[key]
+        for kind in ("weight", "bias")
+        for key in (f"pooler.dense.{kind}", f"bert.pooler.dense.{kind}")
+        if key in weights
+    }
+
+
+def import_peft(folder, hf, method, backbone, data, out_file):
+    """Write the PEFT LoRA adapter ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``)
+    as our compact checkpoint of ``method`` (the ``lora`` record) for the prepared ``data``."""
+    from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
+
+    config, tensors = read_peft(folder)
+    overrides, _ = lora_import_settings(config, folder)
+    model, cfg = build_for_import(method, backbone, data, overrides)
+    head = cfg.model.classification_head_name if hasattr(cfg.model, "classification_head_name") else None
+    head = head or next(iter(model.classification_heads))
+    state = imported_state(tensors, hf, model, head, folder)
+    copy_imported(model, state, folder)
+    return save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")

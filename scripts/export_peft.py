@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Write a trained method as a Hugging Face PEFT adapter folder (LoRA) or an AdapterHub ``adapters`` folder
+(the Houlsby adapter, Compacter, the MAM adapter), for the Hugging Face model of its backbone; refuse in one
+line what the format cannot hold exactly. docs/using.md, "PEFT and adapters".
+
+    python3 scripts/export_peft.py checkpoints/standin/SST-2/lora/lr2e-4.seed1.0123abcd exported/lora
+    python3 scripts/export_peft.py --format adapters checkpoints/standin/SST-2/compacter/... exported/compacter
+
+PEFT: OUT gets adapter_config.json and adapter_model.safetensors (the classification head as modules_to_save).
+adapters: OUT gets what ``save_adapter(OUT, NAME, with_head=True)`` writes (adapter_config.json,
+pytorch_adapter.bin, head_config.json, pytorch_model_head.bin: the head as a classification head of
+``BertAdapterModel`` / ``RobertaAdapterModel``); load it with ``AutoAdapterModel.from_pretrained(BASE)`` and
+``model.load_adapter(OUT, set_active=True)``.
+The Hugging Face model: for the offline stand-in (all-MiniLM-L6-v2 converted, not RoBERTa) the original
+BERT folder it was converted from; for a RoBERTa backbone, ``RobertaModel`` converted from it into
+OUT/base_model (or, with --base-model NAME, the model of that name, e.g. FacebookAI/roberta-large, whose
+weights you vouch are the backbone's).
+"""
+
+import argparse
+import os
+import sys
+
+from fairseq_idpg.errors import ConfigError, one_line_errors, refuse
+
+FORMATS = ("peft", "adapters")
+
+
+def main(argv=None):
+    parser = one_line_errors(argparse.ArgumentParser(prog="export_peft.py", description=__doc__.split("\n\n")[0]))
+    parser.add_argument("run", metavar="RUN_FOLDER", help="a run folder (its checkpoint_best.pt) or a checkpoint")
+    parser.add_argument("out", metavar="OUT", help="the adapter folder to write (new or empty)")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="peft", help="peft (LoRA; default) or adapters (the adapter family)"
+    )
+    parser.add_argument("--name", default=None, help="adapters: the adapter's name (default: the method's)")
+    parser.add_argument("--backbone", metavar="PATH", help="where the run's backbone is now (default: as recorded)")
+    parser.add_argument(
+        "--base-model", metavar="NAME", help="RoBERTa only: the Hugging Face model to name instead of OUT/base_model"
+    )
+    args = parser.parse_args(argv)
+    if args.name is not None and (not args.name or "." in args.name):
+        parser.error(f"--name {args.name!r}: an adapters name is a module name (no dots, not empty)")
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        parser.error(f"{args.out}: exists and is not an empty folder")
+    try:
+        return export(args)
+    except ConfigError as e:
+        return refuse(parser.prog, e)
+
+
+def export(args):
+    import torch
+
+    from fairseq_idpg.interop import adapters_format, peft_format
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+    from fairseq_idpg.interop.trained import load_trained
+
+    torch.set_num_threads(min(torch.get_num_threads(), 4))
+    run = load_trained(args.run, args.backbone)
+    if args.format == "adapters":
+        adapters_format.export_plan(run)  # before anything is written
+    else:
+        peft_format.check_exportable(run)
+    hf = hf_backbone_for(run.backbone)
+    if hf.model_type == "roberta":
+        base = args.base_model or os.path.join(os.path.abspath(args.out), "base_model")
+        hf = hf_backbone_for(run.backbone, None if args.base_model else base)._replace(path=base)
+    if args.format == "adapters":
+        name = args.name or peft_format.describe(run.options)
+        config = adapters_format.export_adapters(run, hf, args.out, hf.path, name)
+        kind = config.get("architecture") or ("Compacter" if config.get("phm_layer") else "bottleneck adapter")
+        print(f"wrote {args.out}: adapters {kind} {name!r} for {hf.path} ({hf.model_type})")
+        return 0
+    config = peft_format.export_peft(run, hf, args.out, hf.path)
+    print(f"wrote {args.out}: PEFT {config['peft_type']} for {hf.path} ({hf.model_type})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Shared by the interoperability tests (test_interop.py: PEFT; test_interop_adapters.py: adapters). No tests here.
+
+Tolerances, and why:
+- tiny RoBERTa backbones (random fairseq RoBERTa converted to transformers' RobertaModel): the same
+  LayerNorm epsilon (1e-5), exact GELU and positions on both sides, so only float32 summation order
+  differs: ``TINY_ATOL`` 1e-5 on logits;
+- the offline stand-in (all-MiniLM-L6-v2 converted, not RoBERTa) against the original BERT: BERT's
+  LayerNorms use epsilon 1e-12, fairseq's 1e-5 (docs/standin.md: hidden states within 0.006 over 14
+  LayerNorms); ``STANDIN_ATOL`` 2e-2 on logits of magnitude ~1 (measured: see the tests' assertion messages).
+
+Fixtures in conftest.py: ``one_thread``, ``glue_texts`` (8 SST-2 dev sentences and 4 RTE dev pairs).
+
+- ``trained_checkpoint``: a method's compact checkpoint with every trained tensor moved off its init;
+- ``hub``, ``logits_both``: our logits and the other library's on the same tokens;
+- ``export`` / ``import_``: scripts/export_peft.py and scripts/import_peft.py's ``main``;
+- ``trained_tensors``, ``tiny_backbone_of``.
+"""
+
+import torch
+from conftest import REPO
+
+TINY_ATOL = 1e-5
+STANDIN_ATOL = 2e-2
+
+
+def trained_checkpoint(tmp_path, method, backbone, data, scale=0.3, **overrides):
+    """A checkpoint of ``method`` as if trained: every trained tensor moved off its initialisation."""
+    from fairseq_idpg.interop.method_checkpoint import build_for_import, save_imported
+    from fairseq_idpg.methods import METHODS
+
+    torch.manual_seed(0)
+    model, cfg = build_for_import(METHODS[method], backbone, data, overrides)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * scale)
+    return save_imported(model, cfg, tmp_path / f"{method}.pt", source="test")
+
+
+def hub(checkpoint, data, vocab):
+    from fairseq.models.roberta import RobertaModel
+
+    return RobertaModel.from_pretrained(
+        str(checkpoint.parent), checkpoint.name, data_name_or_path=str(data), user_dir=str(REPO / "fairseq_idpg"),
+        bpe="wordpiece", wordpiece_vocab=str(vocab),
+    ).eval()  # fmt: skip
+
+
+def logits_both(ours, theirs, hf, examples):
+    """(ours, theirs) logits [N, classes] on ``examples``, one padded batch: our hub, and the PEFT model on the
+    same tokens in its vocabulary."""
+    from fairseq.data.data_utils import collate_tokens
+
+    tokens = collate_tokens([ours.encode(*texts) for texts in examples], pad_idx=1)
+    with torch.no_grad():
+        mine = ours.predict("sentence_classification_head", tokens, return_logits=True)
+        ids = hf.hf_ids(tokens)
+        other = theirs(input_ids=ids, attention_mask=tokens.ne(1).long()).logits
+    return mine, other
+
+
+def export(run, out, *extra):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("export_peft", REPO / "scripts" / "export_peft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(run), str(out), *extra])
+
+
+def import_(adapter, out, backbone, data):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_peft", REPO / "scripts" / "import_peft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(adapter), str(out), "--backbone", str(backbone), "--data", str(data)])
+
+
+def trained_tensors(checkpoint):
+    state = torch.load(checkpoint, weights_only=False)["model"]
+    return {k: v for k, v in state.items() if not k.startswith("_")}
+
+
+def tiny_backbone_of(folder):
+    """The conftest TinyBackbone view of a model folder (for ``tiny_sst2``'s WordPiece data)."""
+    from conftest import TinyBackbone
+
+    return TinyBackbone(folder, None)

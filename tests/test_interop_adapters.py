@@ -1,0 +1,127 @@
+"""Cross-checks against AdapterHub's ``adapters``: the Houlsby adapter, Compacter and the MAM adapter exported
+(scripts/export_peft.py --format adapters), loaded by adapters + transformers (``AutoAdapterModel`` and
+``load_adapter``), give our logits on real sentences; imported back (scripts/import_peft.py), the same
+tensors; an adapter that adapters itself built imports to the same logits; what the format cannot hold is
+refused in one line (fairseq_idpg/interop/adapters_format.py, docs/using.md "PEFT and adapters").
+
+Tolerances (TINY_ATOL, STANDIN_ATOL) and why: tests/interop_support.py.
+"""
+
+import pytest
+import torch
+from conftest import tiny_sst2
+from interop_support import (
+    STANDIN_ATOL,
+    TINY_ATOL,
+    export,
+    hub,
+    import_,
+    logits_both,
+    tiny_backbone_of,
+    trained_checkpoint,
+    trained_tensors,
+)
+
+adapters = pytest.importorskip("adapters", reason="the [interop] extra (pip install -e .[interop]) is not installed")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def adapter_model(base, folder):
+    """``AutoAdapterModel`` of ``base`` with the adapter (and its head) at ``folder`` active, in eval mode."""
+    model = adapters.AutoAdapterModel.from_pretrained(str(base))
+    model.load_adapter(str(folder), set_active=True)
+    return model.eval()
+
+
+def hf_of(backbone):
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+
+    return hf_backbone_for(backbone)
+
+
+@pytest.mark.parametrize("method", ["houlsby-adapter", "compacter", "mam-adapter"])
+def test_round_trip_through_adapters_on_a_tiny_roberta(tmp_path, tiny, glue_texts, method):
+    """Exported with a converted RobertaModel, adapters' logits are ours within float rounding; imported back,
+    every trained tensor is the same (Compacter's A set: ours shared by down and up, adapters' copied)."""
+    data, _ = tiny_sst2(tmp_path, tiny)
+    checkpoint = trained_checkpoint(tmp_path, method, tiny.model_file, data)
+    assert export(checkpoint, tmp_path / "out", "--format", "adapters") == 0
+    ours, theirs = (
+        hub(checkpoint, data, tiny.folder / "vocab.txt"),
+        adapter_model(tmp_path / "out" / "base_model", tmp_path / "out"),
+    )
+    mine, other = logits_both(ours, theirs, hf_of(tiny.model_file), glue_texts)
+    gap = (mine - other).abs().max().item()
+    print(f"tiny RoBERTa {method}: max |ours - adapters| = {gap:.2e}")
+    assert gap <= TINY_ATOL, f"max |ours - adapters| = {gap:.2e}"
+    assert import_(tmp_path / "out", tmp_path / "back.pt", tiny.model_file, data) == 0
+    before, after = trained_tensors(checkpoint), trained_tensors(tmp_path / "back.pt")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_mam_adapter_on_the_standin_loads_into_the_original_bert(tmp_path, standin_model, glue_texts):
+    """On the offline stand-in (all-MiniLM-L6-v2 converted, not RoBERTa) the MAM adapter (prefixes and the
+    parallel adapter) goes to ``BertAdapterModel`` of the original BERT: logits agree within the
+    LayerNorm-epsilon tolerance, and with the adapter switched off they do not (it is in the comparison)."""
+    data, _ = tiny_sst2(tmp_path, tiny_backbone_of(standin_model))
+    checkpoint = trained_checkpoint(tmp_path, "mam-adapter", standin_model / "model.pt", data, scale=0.05)
+    assert export(checkpoint, tmp_path / "out", "--format", "adapters") == 0
+    hf = hf_of(standin_model / "model.pt")
+    ours, theirs = hub(checkpoint, data, standin_model / "vocab.txt"), adapter_model(hf.path, tmp_path / "out")
+    mine, other = logits_both(ours, theirs, hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    print(f"stand-in MAM adapter: max |ours - adapters| = {gap:.2e}, logits up to {mine.abs().max():.2f}")
+    assert gap <= STANDIN_ATOL, f"max |ours - adapters| = {gap:.2e} (logits up to {mine.abs().max():.2f})"
+    assert torch.equal(mine.argmax(-1), other.argmax(-1))
+    theirs.set_active_adapters(None)
+    theirs.active_head = "mam-adapter"
+    _, without = logits_both(ours, theirs, hf, glue_texts)
+    assert (mine - without).abs().max() > 10 * STANDIN_ATOL
+
+
+def test_an_adapter_built_by_adapters_imports_to_the_same_logits(tmp_path, tiny, glue_texts, capsys):
+    """A Compacter that adapters built (its own CompacterConfig: one A set shared by every layer, which ours
+    copies into each adapter) and saved becomes our compacter record: the hub's logits are adapters'. The same
+    folder with a gate is refused in one line, nothing written."""
+    import json
+
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    hf = hf_backbone_for(tiny.model_file, tmp_path / "base")._replace(path=str(tmp_path / "base"))
+    torch.manual_seed(0)
+    theirs = adapters.AutoAdapterModel.from_pretrained(hf.path)
+    theirs.add_adapter("c", config=adapters.CompacterConfig(reduction_factor=2, phm_rank=2))
+    theirs.add_classification_head("c", num_labels=2, layers=2, activation_function="tanh", use_pooler=False)
+    theirs.train_adapter("c")
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.3)
+    theirs.set_active_adapters("c")
+    theirs.save_adapter(str(tmp_path / "c"), "c", with_head=True)
+    assert import_(tmp_path / "c", tmp_path / "c.pt", tiny.model_file, data) == 0
+    mine, other = logits_both(hub(tmp_path / "c.pt", data, tiny.folder / "vocab.txt"), theirs.eval(), hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    with capsys.disabled():
+        print(f"tiny RoBERTa, adapters' own Compacter imported: max |ours - adapters| = {gap:.2e}")
+    assert gap <= TINY_ATOL, f"max |ours - adapters| = {gap:.2e}"
+
+    config = json.loads((tmp_path / "c" / "adapter_config.json").read_text())
+    config["config"]["use_gating"] = True
+    (tmp_path / "c" / "adapter_config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert import_(tmp_path / "c", tmp_path / "gated.pt", tiny.model_file, data) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("import_peft.py: error: ") and err.count("\n") == 1 and "use_gating True" in err
+    assert not (tmp_path / "gated.pt").exists()
+
+
+def test_what_adapters_cannot_hold_is_refused_in_one_line(tmp_path, tiny, capsys):
+    data, _ = tiny_sst2(tmp_path, tiny)
+    checkpoint = trained_checkpoint(tmp_path, "lora", tiny.model_file, data)
+    capsys.readouterr()
+    assert export(checkpoint, tmp_path / "out", "--format", "adapters") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("export_peft.py: error: ") and err.count("\n") == 1 and "LoRA goes to --format peft" in err
+    assert not (tmp_path / "out").exists()

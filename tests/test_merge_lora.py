@@ -1,0 +1,78 @@
+"""scripts/merge_lora.py: LoRA and BitFit folded into the frozen weights give a plain fairseq ``roberta``
+checkpoint that fairseq-validate scores as it scores the trained run (fairseq_idpg/interop/merge.py)."""
+
+import importlib.util
+import subprocess
+
+import pytest
+import torch
+from conftest import REPO, tiny_sst2
+
+
+def merge(run, out):
+    spec = importlib.util.spec_from_file_location("merge_lora", REPO / "scripts" / "merge_lora.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(run), str(out)])
+
+
+def trained(tmp_path, method, backbone, data, **overrides):
+    """A checkpoint of ``method`` as if trained: every trained tensor moved off its initialisation."""
+    from fairseq_idpg.interop.method_checkpoint import build_for_import, save_imported
+    from fairseq_idpg.methods import METHODS
+
+    torch.manual_seed(0)
+    model, cfg = build_for_import(METHODS[method], backbone, data, overrides)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.3)
+    return save_imported(model, cfg, tmp_path / f"{method}.pt", source="test")
+
+
+def validate(data, checkpoint):
+    """fairseq-validate's (loss, accuracy) of ``checkpoint`` on the dev split."""
+    argv = ["fairseq-validate", str(data), "--user-dir", str(REPO / "fairseq_idpg"), "--cpu", "--path"]
+    argv += [str(checkpoint), "--batch-size", "8", "--num-workers", "0", "--valid-subset", "valid"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    line = (out.stdout + out.stderr).split("valid on 'valid' subset")[1].splitlines()[0]
+    return float(line.split("| loss ")[1].split()[0]), float(line.split("| accuracy ")[1].split()[0])
+
+
+def test_merged_lora_and_bitfit_score_the_same_in_fairseq_validate(tmp_path, tiny):
+    data, _ = tiny_sst2(tmp_path, tiny)
+    run = trained(tmp_path, "lora", tiny.model_file, data, **{"--bitfit": True})
+    assert merge(run, tmp_path / "merged.pt") == 0
+    merged = torch.load(tmp_path / "merged.pt", weights_only=False)
+    assert merged["cfg"]["model"].arch == "roberta" and not any("lora" in k for k in merged["model"])
+    assert validate(data, run) == validate(data, tmp_path / "merged.pt")
+
+
+def test_logits_of_the_merged_model_are_the_runs(tmp_path, tiny):
+    """Tighter than fairseq-validate's rounded loss: the plain model's logits equal the run's within float
+    rounding (the merged product B A is summed in another order than the two small products)."""
+    from fairseq import checkpoint_utils
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    run = trained(tmp_path, "lora", tiny.model_file, data)
+    assert merge(run, tmp_path / "merged.pt") == 0
+    tokens = torch.tensor([[0, 2000, 2100, 2200, 2], [0, 3000, 3100, 2, 1]])
+    logits = []
+    for checkpoint in (run, tmp_path / "merged.pt"):
+        models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+        with torch.no_grad():
+            logits.append(models[0].eval()(tokens, classification_head_name="sentence_classification_head")[0])
+    assert type(models[0]).__name__ == "RobertaModel"
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["houlsby-adapter", "prompt-tuning-5"])
+def test_what_does_not_fold_into_the_weights_is_refused(tmp_path, tiny, capsys, method):
+    data, _ = tiny_sst2(tmp_path, tiny)
+    run = trained(tmp_path, method, tiny.model_file, data)
+    capsys.readouterr()
+    assert merge(run, tmp_path / "merged.pt") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("merge_lora.py: error: ") and err.count("\n") == 1
+    assert not (tmp_path / "merged.pt").exists()
