@@ -490,14 +490,14 @@ class Backbone(NamedTuple):
     name: str  # its folder under data-bin/ and checkpoints/
     present: bool  # the files exist (a dry run of roberta.* plans without them)
     dims: dict  # the encoder's fairseq-train flags
-    missing: list = []  # what a dry run found absent, one line each
+    missing: tuple = ()  # what a dry run found absent, one line each
 
 
 class Data(NamedTuple):
     folder: Path
     info: Any  # its TaskInfo (None: not prepared, or a dry run's stale data)
     provenance: Optional[dict]  # what it is made of: as recorded, or (a dry run) as it would be prepared
-    missing: list = []  # what a dry run found absent (the raw folder), one line each
+    missing: tuple = ()  # what a dry run found absent (the raw folder), one line each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -553,7 +553,7 @@ def plan(request, argv=None, log=print):
     scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
     argv = request.argv() if argv is None else argv
     return Plan(request, argv, task, method, config, save, complete, train, data.folder, backbone.dir, scored,
-                batch_size, timings, start, backbone.missing + data.missing)  # fmt: skip
+                batch_size, timings, start, [*backbone.missing, *data.missing])  # fmt: skip
 
 
 def check(request):

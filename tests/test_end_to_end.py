@@ -59,12 +59,13 @@ def prepared(task, work_dir, glue_slices):
 
 
 def test_sst2_finetuned_standin_learns(work_dir, sst2_slice):
-    # on the first 3,200 train rows (one pass in 100 updates of 32) and the whole dev set; measured: 80.6
-    # after 100 updates (66.2 at 33, 78.9 at 66; on the whole train set 78.7); the dev set's majority class is 50.9
-    stdout, results, _ = run_main_job("SST-2", work_dir, "--raw", str(sst2_slice), "--max-update", "100")
+    # on the first 3,200 train rows and the whole dev set (872), validated once, at the end (each pass over
+    # dev costs about 7 updates); measured: 77.2 after 60 updates (80.6 after 100); majority class 50.9
+    extra = ["--raw", str(sst2_slice), "--max-update", "60", "--validate-interval-updates", "60"]
+    stdout, results, _ = run_main_job("SST-2", work_dir, *extra)
     accuracy = results["results"]["valid"]["accuracy"]
-    print(f"SST-2 dev accuracy {accuracy} after 100 updates; times {results['timings']}")
-    assert accuracy >= 75.0
+    print(f"SST-2 dev accuracy {accuracy} after 60 updates; times {results['timings']}")
+    assert accuracy >= 72.0
     assert "valid: " in stdout and "accuracy" in stdout  # the metrics are printed for the user
 
 

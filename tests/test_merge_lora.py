@@ -7,6 +7,7 @@ import subprocess
 import pytest
 import torch
 from conftest import REPO, tiny_sst2
+from interop_support import trained_checkpoint as trained
 
 
 def merge(run, out):
@@ -14,20 +15,6 @@ def merge(run, out):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main([str(run), str(out)])
-
-
-def trained(tmp_path, method, backbone, data, **overrides):
-    """A checkpoint of ``method`` as if trained: every trained tensor moved off its initialisation."""
-    from fairseq_idpg.interop.method_checkpoint import build_for_import, save_imported
-    from fairseq_idpg.methods import METHODS
-
-    torch.manual_seed(0)
-    model, cfg = build_for_import(METHODS[method], backbone, data, overrides)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.3)
-    return save_imported(model, cfg, tmp_path / f"{method}.pt", source="test")
 
 
 def validate(data, checkpoint):
