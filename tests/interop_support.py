@@ -13,6 +13,7 @@ Fixtures in conftest.py: ``one_thread``, ``glue_texts`` (8 SST-2 dev sentences a
 - ``trained_checkpoint``: a method's compact checkpoint with every trained tensor moved off its init;
 - ``hub``, ``logits_both``: our logits and the other library's on the same tokens;
 - ``export`` / ``import_``: scripts/export_peft.py and scripts/import_peft.py's ``main``;
+- ``refused_in_one_line``: a script's refusal (exit status 2, one line, nothing written);
 - ``trained_tensors``, ``tiny_backbone_of``.
 """
 
@@ -75,6 +76,16 @@ def import_(adapter, out, backbone, data):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.main([str(adapter), str(out), "--backbone", str(backbone), "--data", str(data)])
+
+
+def refused_in_one_line(capsys, script, main, written, reason=""):
+    """Call ``main()`` (a script's entry point): it exits with status 2 and one line ``SCRIPT: error: ...``
+    containing ``reason`` on stderr, and ``written`` (what it would have written) does not exist."""
+    capsys.readouterr()  # what came before (the data preparation's warnings)
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{script}: error: ") and err.count("\n") == 1 and reason in err, err
+    assert not written.exists()
 
 
 def trained_tensors(checkpoint):

@@ -2,7 +2,8 @@
 (scripts/export_peft.py --format adapters), loaded by adapters + transformers (``AutoAdapterModel`` and
 ``load_adapter``), give our logits on real sentences; imported back (scripts/import_peft.py), the same
 tensors; an adapter that adapters itself built imports to the same logits; what the format cannot hold is
-refused in one line (fairseq_idpg/interop/adapters_format.py, docs/using.md "PEFT and adapters").
+refused in one line (fairseq_idpg/interop/adapters_format.py, docs/using.md "PEFT and adapters"), prompt tuning
+with the three differences from adapters' prefix_after_bos prompt tuning shown to be the whole difference.
 
 Tolerances (TINY_ATOL, STANDIN_ATOL) and why: tests/interop_support.py.
 """
@@ -17,6 +18,7 @@ from interop_support import (
     hub,
     import_,
     logits_both,
+    refused_in_one_line,
     tiny_backbone_of,
     trained_checkpoint,
     trained_tensors,
@@ -110,18 +112,70 @@ def test_an_adapter_built_by_adapters_imports_to_the_same_logits(tmp_path, tiny,
     config = json.loads((tmp_path / "c" / "adapter_config.json").read_text())
     config["config"]["use_gating"] = True
     (tmp_path / "c" / "adapter_config.json").write_text(json.dumps(config))
-    capsys.readouterr()
-    assert import_(tmp_path / "c", tmp_path / "gated.pt", tiny.model_file, data) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("import_peft.py: error: ") and err.count("\n") == 1 and "use_gating True" in err
-    assert not (tmp_path / "gated.pt").exists()
+    gated, why = tmp_path / "gated.pt", "use_gating True"
+    refused_in_one_line(
+        capsys, "import_peft.py", lambda: import_(tmp_path / "c", gated, tiny.model_file, data), gated, why
+    )
 
 
-def test_what_adapters_cannot_hold_is_refused_in_one_line(tmp_path, tiny, capsys):
+@pytest.mark.parametrize(
+    "method, reason", [("lora", "LoRA goes to --format peft"), ("p-tuning-v2-5", "one prompt at the input")]
+)
+def test_what_adapters_cannot_hold_is_refused_in_one_line(tmp_path, tiny, capsys, method, reason):
+    """Refused in one line, nothing written (prompt tuning: the next test, with the evidence)."""
     data, _ = tiny_sst2(tmp_path, tiny)
-    checkpoint = trained_checkpoint(tmp_path, "lora", tiny.model_file, data)
-    capsys.readouterr()
-    assert export(checkpoint, tmp_path / "out", "--format", "adapters") == 2
-    err = capsys.readouterr().err
-    assert err.startswith("export_peft.py: error: ") and err.count("\n") == 1 and "LoRA goes to --format peft" in err
-    assert not (tmp_path / "out").exists()
+    checkpoint, out = trained_checkpoint(tmp_path, method, tiny.model_file, data), tmp_path / "out"
+    refused_in_one_line(capsys, "export_peft.py", lambda: export(checkpoint, out, "--format", "adapters"), out, reason)
+
+
+def test_prompt_tuning_is_refused_and_the_difference_is_the_documented_one(tmp_path, tiny, glue_texts, capsys):
+    """adapters' ``PromptTuningConfig(combine="prefix_after_bos")`` puts the prompt after ``<s>`` and reads ``<s>``,
+    as ours, but is not our function, so prompt tuning is refused both ways in one line. Its three reasons
+    (adapters_format's docstring) are the whole difference: with its prompt set to ours after the embedding layer,
+    Q = LN(P + E_pos[3..t+2] + E_type[0]), our positions for the real tokens (shifted by t) and eager attention,
+    adapters gives our logits; with its own positions, or under sdpa on a padded batch, it does not."""
+    from fairseq.data.data_utils import collate_tokens
+
+    from fairseq_idpg.interop.adapters_format import FLEX_HEAD
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    checkpoint, out = trained_checkpoint(tmp_path, "prompt-tuning-5", tiny.model_file, data), tmp_path / "out"
+    why = "prefix_after_bos"
+    refused_in_one_line(capsys, "export_peft.py", lambda: export(checkpoint, out, "--format", "adapters"), out, why)
+
+    ours = hub(checkpoint, data, tiny.folder / "vocab.txt")
+    P = trained_tensors(checkpoint)["prompt.weight"]
+    t = P.size(0)
+    head = ours.model.classification_heads["sentence_classification_head"]
+    tokens = collate_tokens([ours.encode(*texts) for texts in glue_texts], pad_idx=1)
+    mask = tokens.ne(1).long()
+    # ours: <s> at 2, the real tokens after it at 2 + t + i (insert_prompts); padding at padding_idx 1
+    positions = (mask.cumsum(1) + 1 + t * (torch.arange(tokens.size(1)) > 0)).masked_fill(mask.eq(0), 1)
+    hf = hf_backbone_for(tiny.model_file, tmp_path / "base")._replace(path=str(tmp_path / "base"))
+    gaps = {}
+    with torch.no_grad():
+        mine = ours.predict("sentence_classification_head", tokens, return_logits=True)
+        for attention in ("eager", "sdpa"):
+            theirs = adapters.AutoAdapterModel.from_pretrained(hf.path, attn_implementation=attention)
+            theirs.add_adapter("p", config=adapters.PromptTuningConfig(prompt_length=t, combine="prefix_after_bos"))
+            theirs.add_classification_head("p", num_labels=2, layers=2, activation_function="tanh", use_pooler=False)
+            theirs.set_active_adapters("p")
+            emb = theirs.roberta.embeddings
+            Q = emb.LayerNorm(P + emb.position_embeddings.weight[3 : 3 + t] + emb.token_type_embeddings.weight[0])
+            theirs.roberta.prompt_tuning.prompt_tunings["p"].prompt_embedding.weight.copy_(Q)
+            for part, name in FLEX_HEAD.items():
+                theirs.get_submodule(name.format(name="p")).load_state_dict(getattr(head, part).state_dict())
+            for own in (False, True) if attention == "eager" else (False,):
+                logits = theirs.eval()(input_ids=tokens, attention_mask=mask, position_ids=None if own else positions)
+                gaps[attention, own] = (mine - logits.logits).abs().max().item()
+    with capsys.disabled():
+        print(f"tiny RoBERTa prompt tuning vs adapters prefix_after_bos, max |ours - adapters|: {gaps}")
+    assert gaps["eager", False] <= TINY_ATOL, gaps
+    assert gaps["eager", True] > 100 * TINY_ATOL and gaps["sdpa", False] > 100 * TINY_ATOL, gaps
+
+    theirs.save_adapter(str(tmp_path / "p"), "p", with_head=True)
+    back = tmp_path / "p.pt"
+    refused_in_one_line(
+        capsys, "import_peft.py", lambda: import_(tmp_path / "p", back, tiny.model_file, data), back, why
+    )

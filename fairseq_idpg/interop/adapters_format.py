@@ -25,8 +25,23 @@ What ``adapters`` holds exactly (each field below was checked against adapters 1
   the same flattened [l, L, 2, d] layout; a stored-form run (prefixes only) goes as ``flat`` prefixes.
   Prefix tuning alone and the parallel adapter alone go the same way.
 
-Not expressible, refused with the reason (``NotExpressible``): any other block beside these, a sequential
-adapter together with a parallel one, and on import gates, new LayerNorms, other placements or
+- **Prompt tuning** (``prompt-tuning-5/100/134``, DPT and the other ``roberta_prompt`` prompts): not exact, refused
+  both ways. ``PromptTuningConfig(combine="prefix_after_bos")`` does put its t vectors right after ``<s>``, as ours
+  (IDPG appendix A.4), and its head reads ``<s>`` (``outputs[0][:, 0]``), as ours; but it inserts them with a
+  forward hook on the *output* of ``RobertaEmbeddings`` (``ModelBaseAdaptersMixin.post_embedding_forward``), so:
+  (1) its prompt gets no position embedding and no embedding LayerNorm, where ours is a row of token embeddings
+  that gets positions 3..t+2 (RoBERTa's numbering, from padding_idx + 1) and the embedding LayerNorm; at
+  evaluation that is a fixed reparameterisation Q_j = LN(P_j + E_pos[j + 2] + E_type[0]) of ours, but not every
+  vector of theirs is a LayerNorm output, and training differs (ours drops the prompt out with the embeddings);
+  (2) its real tokens keep positions 2..T+1, ours shift by t (``insertion.insert_prompts``): no config field
+  changes that, only a ``position_ids`` argument on every call; (3) under transformers' default ``sdpa``
+  attention, ``utils.prefix_attention_mask(mask, [2, 3])`` prepends t all-zero *rows* to the [B, 1, T, T] mask,
+  so ``<s>`` and the first t - 1 prompt vectors attend to the padding of a padded batch (a bug on adapters'
+  side; eager attention's [B, 1, 1, T] mask is right). With Q, our ``position_ids`` and eager attention the
+  logits are ours within float rounding (tests/test_interop_adapters.py): these three are the whole difference.
+
+Not expressible, refused with the reason (``NotExpressible``): prompts (above), any other block beside these, a
+sequential adapter together with a parallel one, and on import gates, new LayerNorms, other placements or
 non-linearities, per-layer sizes, ``leave_out``, learned scaling, invertible adapters, a shared W, and a
 prediction head that is not dense -> tanh -> out_proj on the first token. Training-only differences
 (initialisation, where dropout sits) are documented in docs/using.md, not refused: the function is exact.
@@ -84,8 +99,10 @@ def reduction_factor(dim, bottleneck):
 def export_plan(run):
     """{"adapter" | "ffn_adapter" | "prefix": our block config} of what ``run`` holds; ``NotExpressible``
     for anything adapters cannot hold exactly (module docstring)."""
-    blocks = active_blocks(run.model) or []
     method = describe(run.options)
+    if run.options.get("arch", run.options.get("_name", "")).startswith("roberta_prompt"):
+        refuse_prompt(method, run.options.get("prompt_deep"))
+    blocks = active_blocks(run.model) or []
     if (
         not blocks
         or not set(blocks) <= {"adapter", "ffn_adapter", "prefix"}
@@ -97,6 +114,21 @@ def export_plan(run):
             f"{', '.join(blocks or ['none'])}); LoRA goes to --format peft"
         )
     return {c.name: c for c in run.model.block_configs if c.active()}
+
+
+def refuse_prompt(what, deep=False):
+    """Why a prompt cannot go between ours and adapters' prompt tuning (module docstring); always raises."""
+    if deep:
+        raise NotExpressible(
+            f"{what}: adapters' prompt tuning is one prompt at the input; ours also adds a prompt to the hidden "
+            f"states at the prompt slots after each layer (IDPG section 4.1)"
+        )
+    raise NotExpressible(
+        f"{what}: adapters' prompt tuning (combine prefix_after_bos) inserts the prompt after <s> but after the "
+        f"embedding layer: the prompt gets no positions and no embedding LayerNorm and the real tokens keep "
+        f"their positions, where ours embeds it at positions 3..t+2 and shifts the real tokens by t (and under "
+        f"sdpa attention its <s> attends to padding): not the same function (docs/using.md)"
+    )
 
 
 def bn_config(plan, dim, encoder_dropout):
@@ -252,6 +284,8 @@ def import_settings(config, dim, folder):
     """(method name, overrides of our flags) for an adapters config; ``NotExpressible`` for what ours lacks."""
     inner = config["config"]
     parts = inner["configs"] if inner.get("architecture") == "union" else [inner]
+    if any(c.get("architecture") == "prompt_tuning" for c in parts):
+        refuse_prompt(f"{folder}: adapters prompt tuning")
     prefixes = [c for c in parts if c.get("architecture") == "prefix_tuning"]
     bottlenecks = [c for c in parts if c.get("architecture") is None]
     if len(prefixes) + len(bottlenecks) != len(parts) or len(prefixes) > 1 or len(bottlenecks) > 1:
