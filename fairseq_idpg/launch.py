@@ -146,7 +146,18 @@ def run_workers(cmd):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    opts, cmd = resolve(sys.argv[1:] if argv is None else argv)
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    if opts.dry_run:
+        return 0
+    if opts.nproc > 1:
+        return run_workers(cmd)  # torchrun's agent in this process: signals reach it as they reached torchrun
+    # become fairseq-train: a signal to this process (Ctrl-C, kill from run.sh) reaches training
+    os.execvp(cmd[0], cmd)
+
+
+def resolve(argv):
+    """(the launcher's options, the command it runs) for its arguments; a bad one is a one-line error."""
     if "--" in argv:
         ours, train_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     else:
@@ -181,13 +192,7 @@ def main(argv=None):
         )
     except ValueError as e:
         parser.error(str(e))
-    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    if opts.dry_run:
-        return 0
-    if opts.nproc > 1:
-        return run_workers(cmd)  # torchrun's agent in this process: signals reach it as they reached torchrun
-    # become fairseq-train: a signal to this process (Ctrl-C, kill from run.sh) reaches training
-    os.execvp(cmd[0], cmd)
+    return opts, cmd
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ the meta device, so a model is built the same way in tests, counts, benchmarks a
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,11 @@ STANDIN = REPO / "models" / "minilm-l6-fairseq"  # where run.sh keeps the offlin
 # $PYTHON; fairseq-validate & co. are found beside it), not on whatever python3 is first on PATH.
 os.environ["PYTHON"] = sys.executable
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+# The interrupt tests send Ctrl-C (SIGINT) as a terminal does. A suite started in the background (`cmd &`,
+# nohup) inherits SIGINT ignored, and so would every process it starts: give it Python's default handler
+# (a KeyboardInterrupt here; the default action in the processes it starts).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

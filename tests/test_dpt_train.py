@@ -164,7 +164,7 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
 
 @pytest.mark.slow
 def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model):
-    """scripts/run.sh RTE --method dpt on slices of the real RTE files: prepare, fairseq-train (8 updates,
+    """scripts/run.sh RTE --method dpt on slices of the real RTE files: prepare, fairseq-train (4 updates of 8,
     one validation), fairseq-validate of the compact checkpoint."""
     out = run(
         [
@@ -176,9 +176,11 @@ def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model
             "--raw",
             glue_slices / "RTE",
             "--max-update",
+            "4",
+            "--total-batch",
             "8",
             "--validate-interval-updates",
-            "8",
+            "4",
             "--work-dir",
             tmp_path,
         ],
