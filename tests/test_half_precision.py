@@ -277,7 +277,7 @@ def fp32_rescore_tolerance(dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+@pytest.mark.parametrize("precision", ["--fp16"])  # bf16's tolerance is the same function's; CI time (--bf16 passed)
 def test_half_precision_run_rescores_in_fp32(precision, shared_data, standin_model, tmp_path):
     """``scripts/run.sh SST-2 --method m-idpg-phm --fp16`` (or ``--bf16``): 3 updates on the stand-in, the
     compact checkpoint of half-precision weights, scored by run.sh's fairseq-validate in fp32 (its M(x) cache

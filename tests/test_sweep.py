@@ -1,6 +1,6 @@
 """Sweeps (fairseq_idpg/sweep.py): specifications and the run counts the examples' READMEs state, one-line
 errors, the plan, device slots, progress, the Slurm job array submitit would submit; end to end (slow):
-8 stand-in runs with 2 workers, interrupted and resumed without rerunning finished runs, then the table,
+6 stand-in runs with 2 workers, interrupted and resumed without rerunning finished runs, then the table,
 its numbers and plots, and submitit's local executor."""
 
 import json
@@ -222,10 +222,10 @@ def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------- end to end (slow)
 SMOKE = """
 name: smoke
-description: CI smoke sweep on the stand-in, 4 updates each, 2 tasks x prompt tuning, LoRA on RTE at an lr that diverges
+description: CI smoke sweep on the stand-in, 4 updates each, prompt tuning on MRPC, LoRA on RTE at an lr that diverges
 model: standin
 tasks: [RTE, MRPC]
-methods: [prompt-tuning-5, {method: lora, tasks: [RTE], lrs: [1.0e-3, 1.0e+10]}]
+methods: [{method: prompt-tuning-5, tasks: [MRPC]}, {method: lora, tasks: [RTE], lrs: [1.0e-3, 1.0e+10]}]
 lrs: recipe
 seeds: [1, 2]
 max_update: 4
@@ -278,17 +278,17 @@ def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
     assert "interrupted" in smoke["first"]
     second = smoke["second"]
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert 2 <= len(smoke["done_first"]) < 8
+    assert 2 <= len(smoke["done_first"]) < 6
     # the runs finished before the interruption were not run again: their results.json are untouched
-    cached = int(re.search(r"\] \d+/8 done \((\d+) cached[,)]", second.stdout).group(1))
+    cached = int(re.search(r"\] \d+/6 done \((\d+) cached[,)]", second.stdout).group(1))
     assert cached >= len(smoke["done_first"])
     for path, mtime in smoke["results_first"].items():
         assert path.stat().st_mtime_ns == mtime, path
-    assert "[sweep smoke] 8/8 done" in second.stdout and "0 failed, 0 left" in second.stdout
+    assert "[sweep smoke] 6/6 done" in second.stdout and "0 failed, 0 left" in second.stdout
     records = records_of(smoke["records"])
-    assert len(records) == 8
+    assert len(records) == 6
     records = [json.loads(p.read_text()) for p in records]
-    assert len({(r["task"], r["label"], r["lr"], r["seed"]) for r in records}) == 8
+    assert len({(r["task"], r["label"], r["lr"], r["seed"]) for r in records}) == 6
     # lr 1e10 diverges: a result without a score, listed as diverged, not failed
     diverged = [r for r in records if r.get("diverged")]
     assert sorted((r["task"], r["label"], r["lr"]) for r in diverged) == [("RTE", "lora", 1e10)] * 2
@@ -308,7 +308,7 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
     table = pd.read_csv(out / "table.csv")
     records = [json.loads(p.read_text()) for p in records_of(smoke["records"])]
-    for task, label in (("RTE", "prompt-tuning-5"), ("MRPC", "prompt-tuning-5"), ("RTE", "lora")):
+    for task, label in (("MRPC", "prompt-tuning-5"), ("RTE", "lora")):
         chosen = [r for r in records if r["task"] == task and r["label"] == label and not r.get("diverged")]
         values = [r["results"]["valid"][r["metric"]] for r in chosen]
         row = table[(table["task"] == task) & (table["label"] == label)]
@@ -319,7 +319,7 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
     # LoRA on RTE: the lr that diverged (1e10) is not chosen; LoRA did not run on MRPC
     lora = table[table["label"] == "lora"].set_index("task")
     assert float(lora.loc["RTE", "lr"]) == 1e-3 and pd.isna(lora.loc["MRPC", "mean"])
-    assert (out / "table.md").read_text().count("±") >= 4
+    assert (out / "table.md").read_text().count("±") >= 2  # the two cells that ran: MRPC prompt tuning, RTE LoRA
     for png in ("bars.png", "curves.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
