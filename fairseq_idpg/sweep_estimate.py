@@ -17,7 +17,9 @@ Where the seconds per update come from, first found wins:
    "precision", "batch_size", "tokens_per_sample", "seconds"}]}``, for the machine it ran on (its
    ``step:NAME`` and ``peft:NAME`` entries, one process's loop against PEFT, are not fairseq-train's
    updates: no run matches them);
-2. the committed table ``TABLE`` (docs/data/seconds_per_update_cpu.csv: measured CPU seconds per
+2. for a GPU sweep, the committed GPU checks ``GPU_CHECKS`` (docs/data/gpu_check/*.json: the check's
+   file from GPUs this project was lent, by device and model, e.g. an H200 at roberta.large size);
+3. the committed table ``TABLE`` (docs/data/seconds_per_update_cpu.csv: measured CPU seconds per
    update by device and model), its rows of the sweep's kind of device (CPU or GPU) only.
 
 Within a source, the run's method at the run's precision, then its family (the methods of one
@@ -39,6 +41,7 @@ from fairseq_idpg.sweep import SweepError
 
 TIMINGS = REPO / "checkpoints" / "gpu_check.json"  # scripts/check_gpu.sh's default --out, read when present
 TABLE = REPO / "docs" / "data" / "seconds_per_update_cpu.csv"
+GPU_CHECKS = REPO / "docs" / "data" / "gpu_check"  # committed check files, one per GPU and model
 ENTRY_KEYS = ("method", "precision", "batch_size", "tokens_per_sample", "seconds")
 TIMINGS_SHAPE = (
     'valid: JSON written by scripts/check_gpu.sh, {"device": str, "model": str, "seconds_per_update": '
@@ -140,12 +143,15 @@ def read_table(path=None):
 
 def sources(timings=None, device="cpu"):
     """[measurements of one source] in the order they are asked: the check's file (``timings``, else
-    ``TIMINGS`` when present), then the table's rows of ``device``'s kind. A bad file: SweepError."""
+    ``TIMINGS`` when present), for a GPU sweep the committed GPU checks, then the table's rows of
+    ``device``'s kind. A bad file: SweepError."""
     found = []
     if timings is not None:
         found.append(read_timings(timings))
     elif TIMINGS.is_file():
         found.append(read_timings(TIMINGS, flag="the GPU check's file"))
+    if device_kind(device) == "cuda":
+        found += [read_timings(f, flag="the committed GPU check") for f in sorted(GPU_CHECKS.glob("*.json"))]
     return found + [[m for m in read_table() if device_kind(m.device) == device_kind(device)]]
 
 

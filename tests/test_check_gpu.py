@@ -20,8 +20,9 @@ TIMING_KEYS = {"method", "precision", "batch_size", "tokens_per_sample", "second
 
 @pytest.mark.slow
 def test_check_on_the_cpu_passes_and_says_what_it_skipped(tmp_path):
-    """The command as a researcher types it (one family, to keep CI short): fp16 and bf16 LoRA on a tiny
-    random backbone, M-IDPG-PHM on 1 process (update-freq 2) against 2 gloo processes, timings skipped."""
+    """The command as a researcher types it (one family, to keep CI short): fp32 (the reference), fp16 and
+    bf16 LoRA on a tiny random backbone, M-IDPG-PHM on 1 process (update-freq 2) against 2 gloo processes,
+    timings skipped."""
     out = tmp_path / "gpu.json"
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "check_gpu.sh"), "--families", "lora", "--out", str(out)],
@@ -31,22 +32,23 @@ def test_check_on_the_cpu_passes_and_says_what_it_skipped(tmp_path):
     text = run.stdout
     assert "no CUDA device: the runs use --cpu at this size" in text
     assert "skip  timings against PEFT: no GPU: timings run on a GPU" in text
-    assert text.rstrip().splitlines()[-1] == "GPU check PASSED on cpu (3 passed, 0 failed, 1 skipped)"
+    assert text.rstrip().splitlines()[-1] == "GPU check PASSED on cpu (4 passed, 0 failed, 1 skipped)"
 
     report = json.loads(out.read_text())
     assert set(report) == KEYS
     assert report["device"] == "cpu" and report["cuda"] is None and report["torch"] == torch.__version__
     assert report["model"].startswith("tiny random RoBERTa") and report["passed"] is True
     checks = {c["name"]: c for c in report["checks"]}
-    assert [c["status"] for c in report["checks"]] == ["pass", "pass", "pass", "skip"]
+    assert [c["status"] for c in report["checks"]] == ["pass", "pass", "pass", "pass", "skip"]
     fp16 = checks["fp16 lora (lora) on the CPU"]["detail"]
-    assert fp16.startswith("loss ") and " in 3 updates, loss scale 128, " in fp16
+    assert fp16.startswith("loss ") and " in 3 updates (fp32: " in fp16 and "), loss scale 128, " in fp16
     dist = checks["1 vs 2 CPU processes (gloo, m-idpg-phm, fp32)"]["detail"]
     worst = float(dist.split("largest difference ")[1].split(" ")[0])
     assert worst <= 1e-6 and "tolerance 1e-06 + 0.0001 |x|" in dist
     timings = report["seconds_per_update"]
     assert all(set(t) == TIMING_KEYS for t in timings)
     assert [(t["method"], t["precision"], t["batch_size"], t["tokens_per_sample"]) for t in timings] == [
+        ("lora", "fp32", 4, 16),
         ("lora", "fp16", 4, 16),
         ("lora", "bf16", 4, 16),
     ]
@@ -63,11 +65,14 @@ def test_a_failing_run_gives_the_fail_line_and_exit_1(tmp_path, tiny, capsys):
     code = main(argv + ["--train-args", "--lr 1e30", "--out", str(out), "--work-dir", str(tmp_path / "work")])
     text = capsys.readouterr().out
     assert code == 1
-    assert "GPU check FAILED on cpu (0 passed, 1 failed, 2 skipped): bf16 lora (lora) on the CPU" in text
+    assert (
+        "GPU check FAILED on cpu (0 passed, 2 failed, 2 skipped): fp32 lora (lora) on the CPU, "
+        "bf16 lora (lora) on the CPU"
+    ) in text  # the fp32 reference blew up too
     report = json.loads(out.read_text())
     assert report["passed"] is False and report["seconds_per_update"] == []
-    failed = report["checks"][0]
-    assert failed["status"] == "fail" and failed["detail"].startswith("FloatingPointError: gradients are Nan/Inf")
+    for failed in report["checks"][:2]:
+        assert failed["status"] == "fail" and failed["detail"].startswith("FloatingPointError: gradients are Nan/Inf")
     assert (tmp_path / "work" / "logs" / "bf16 lora (lora).log").is_file()
 
 
@@ -115,6 +120,20 @@ def test_judge_passes_a_sane_run_and_fails_each_kind_of_insane_one():
     assert status == "fail" and detail.startswith("loss scale 0.5 < 1 after 3 updates")
     assert judge(_run([1.0, 0.9]), "fp16", 3)[1].startswith("2 of 3 updates logged")
     assert judge(_run([], error="exit status 1: boom"), "fp16", 3) == ("fail", "exit status 1: boom (log: run.log)")
+
+
+def test_half_precision_is_judged_against_the_fp32_run():
+    """The recipe's own spike (fp32 went to 10 bits too) passes; a spike well beyond fp32's fails; where
+    fp32 stayed low, the 3-bit bound holds."""
+    fp32 = [1.05, 10.4, 2.6]
+    assert judge(_run(fp32), "fp32", 3) == ("pass", "loss 1.050 -> 2.600 in 3 updates (largest 10.4 bits: "
+                                                    "the recipe's own first steps)")  # fmt: skip
+    status, detail = judge(_run([1.051, 10.9, 2.5]), "bf16", 3, fp32)
+    assert (status, detail) == ("pass", "loss 1.051 -> 2.500 in 3 updates (fp32: 1.050 -> 2.600, largest 10.4)")
+    status, detail = judge(_run([1.051, 16.0, 2.5]), "fp16", 3, fp32)
+    assert status == "fail" and detail.startswith("loss 16 bits > 15.6 (1.5 x fp32's largest;")
+    status, detail = judge(_run([1.0, 4.0, 0.9]), "bf16", 3, [1.0, 0.9, 0.8])
+    assert status == "fail" and detail.startswith("loss 4 bits > 3 (3;")
 
 
 def test_a_failed_run_is_described_by_the_exception_that_started_it():
@@ -169,7 +188,7 @@ def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
     assert same_weights_gap(tiny.folder, state, sizes, dictionary, tokens) <= SAME_WEIGHTS_ATOL
 
     times, skipped = compare(
-        tiny.folder, torch.device("cpu"), ["fp32"], 2, 8, steps=1, warmup=1, log=lambda *a, **k: None
+        tiny.folder, torch.device("cpu"), ["fp32"], 2, 8, steps=1, warmup=1, repeats=2, log=lambda *a, **k: None
     )
     names = [t.name for t in times]
     assert {"step:lora", "peft:lora", "step:prompt-tuning-5", "peft:prompt-tuning", "step:prefix-tuning"} <= set(names)
@@ -181,6 +200,9 @@ def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
         assert "past key values" in reason or "'<' not supported between instances of 'tuple' and 'int'" in reason
     labels = [label for label, _, _ in ratios(times)]
     assert "fp32 lora: ours / PEFT" in labels and "fp32 m-idpg-phm / prompt-tuning-5" in labels
+    # the encoders alone, every weight trained, on both sides (no goal)
+    assert ("fp32 full fine-tuning: fairseq / transformers", None) in [(lbl, goal) for lbl, _, goal in ratios(times)]
+    assert {"step:finetune", "hf:finetune"} <= set(names)
     # the same trained parameters on both sides of the LoRA pair (r 16 on q and v, and the 2-class head)
     trained = {t.name: t.trained for t in times}
     assert trained["step:lora"] == trained["peft:lora"]

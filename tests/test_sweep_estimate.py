@@ -36,6 +36,7 @@ def no_default_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr(estimate, "TIMINGS", tmp_path / "default" / "timings.json")
     monkeypatch.setattr(estimate, "TABLE", tmp_path / "default" / "seconds_per_update_cpu.csv")
+    monkeypatch.setattr(estimate, "GPU_CHECKS", tmp_path / "default" / "gpu_check")
 
 
 def entry(method, seconds, batch=16, tokens=128, precision="fp32"):
@@ -225,6 +226,22 @@ def test_idpg_table1_estimate_from_the_committed_table(tmp_path, capsys, monkeyp
     out = dry_run(tmp_path, capsys, spec, "--tasks", "RTE", "--seeds", "1")
     assert "docs/data/seconds_per_update_cpu.csv (1 thread)" in row(out, "m-idpg-phm")
     assert re.search(r"^  total\s+36\s+[\d,]+\s+[\d,]+\.\d\d", out, re.M)
+
+
+def test_a_gpu_sweep_reads_the_committed_gpu_check(tmp_path, capsys, monkeypatch):
+    """docs/data/gpu_check/: the check's file from the H200 this project was lent (roberta.large size): a GPU
+    sweep's estimate uses it, naming the file, the device and the measurement; a CPU sweep does not."""
+    monkeypatch.setattr(estimate, "GPU_CHECKS", REPO / "docs" / "data" / "gpu_check")
+    h200 = REPO / "docs" / "data" / "gpu_check" / "nvidia-h200.roberta.large.json"
+    seconds = {(e["method"], e["precision"]): e["seconds"] for e in json.loads(h200.read_text())["seconds_per_update"]}
+    spec = REPO / "examples" / "idpg" / "table1.yaml"
+    out = dry_run(tmp_path, capsys, spec, "--tasks", "RTE", "--seeds", "1", "--executor", "slurm")
+    measured = f"batch 16 x 128 tokens = {seconds['m-idpg-phm', 'fp16']:.4g} s/update"
+    assert f"nvidia-h200.roberta.large.json: NVIDIA H200, roberta.large, fp16, m-idpg-phm at {measured}" in row(
+        out, "m-idpg-phm"
+    )
+    assert any("gpu_check" in m.source for found in estimate.sources(None, "cuda") for m in found)
+    assert not any("gpu_check" in m.source for found in estimate.sources(None, "cpu") for m in found)
 
 
 def test_parallel_slots_of_each_executor():

@@ -8,8 +8,17 @@ the same); several run under torchrun through ``fairseq_idpg.launch`` (``scripts
 GPUs and gloo on the CPU. What fairseq logs (``--log-format json``, one line per update) is read
 back with ``fairseq_idpg.logs.read_log`` and judged here:
 
-- the loss of every update is finite and sane: at most ``SANE_LOSS_BITS`` bits (fairseq's
-  sentence-prediction loss is in base 2; a fresh 2-class head starts near 1 bit);
+- the loss of every update is finite;
+- a half-precision run is judged against the fp32 run of the same record, seed and batches: no
+  update's loss exceeds ``SANE_LOSS_BITS`` bits (fairseq's sentence-prediction loss is in base 2; a
+  fresh 2-class head starts near 1 bit) or, where the fp32 run itself went higher,
+  ``REFERENCE_FACTOR`` x fp32's largest. The recipes' own first steps can spike: at lr 5e-3 (prompt
+  tuning, IDPG) Adam's first step moves every weight of a fresh 1024-wide head by about the lr, and on
+  a random roberta.large on an H200 the second update's loss was 9.9 (prompt tuning) and 15.8 bits
+  (M-IDPG-PHM) in fp32, 10.4 and 13.0 in fp16 (docs/benchmarks.md). The losses are not compared
+  update by update: on CUDA the dropout masks depend on the dtype (the first update's loss, on the same
+  weights and batch, differed from fp32's by up to 0.14 bits with dropout on, while fp16 and bf16
+  agreed within 0.002). The fp32 run is the reference and is judged on finiteness alone;
 - fp16: the final loss scale is at least ``MIN_SANE_LOSS_SCALE`` (fairseq stops training only at its
   ``--min-loss-scale`` 1e-4; a scale that fell to 1 after a few updates overflows on every step);
 - the run made the updates it was asked for.
@@ -25,6 +34,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 SANE_LOSS_BITS = 3.0  # 3 x log2(2 classes): a random 2-class head starts at ~1 bit
+REFERENCE_FACTOR = 1.5  # half precision may exceed the fp32 run's largest loss by half of it, no more
 MIN_SANE_LOSS_SCALE = 1.0  # fairseq's fp16 starts at 2^7 and halves on each overflow
 PRECISION_FLAGS = {"fp32": (), "fp16": ("--fp16",), "bf16": ("--bf16",)}
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli.train's
@@ -193,8 +203,8 @@ def _release_memory():
 
 
 # ---------------------------------------------------------------------------------------- verdicts
-def judge(result, precision, updates):
-    """(status, detail) of one run: see the module docstring."""
+def judge(result, precision, updates, reference=None):
+    """(status, detail) of one run: see the module docstring. ``reference``: the fp32 run's losses."""
     if result.error:
         return "fail", f"{result.error} (log: {result.log})"
     steps = result.train_inner()
@@ -205,9 +215,17 @@ def judge(result, precision, updates):
     bad = [x for x in losses if not isinstance(x, (int, float)) or not math.isfinite(x)]
     if bad:
         return "fail", f"non-finite loss {bad[0]} (losses {losses}; log: {result.log})"
-    if max(losses) > SANE_LOSS_BITS:
-        return "fail", f"loss {max(losses):g} bits > {SANE_LOSS_BITS:g} (losses {losses}; log: {result.log})"
     detail = f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {updates} updates"
+    if precision == "fp32":
+        if max(losses) > SANE_LOSS_BITS:
+            detail += f" (largest {max(losses):g} bits: the recipe's own first steps)"
+        return "pass", detail
+    bound = max(SANE_LOSS_BITS, REFERENCE_FACTOR * max(reference)) if reference else SANE_LOSS_BITS
+    if max(losses) > bound:
+        why = f"{SANE_LOSS_BITS:g}" if bound == SANE_LOSS_BITS else f"{REFERENCE_FACTOR:g} x fp32's largest"
+        return "fail", f"loss {max(losses):g} bits > {bound:g} ({why}; losses {losses}; log: {result.log})"
+    if reference:
+        detail += f" (fp32: {reference[0]:.3f} -> {reference[-1]:.3f}, largest {max(reference):.3g})"
     if precision == "fp16":
         scale = steps[-1].get("loss_scale")
         if not isinstance(scale, (int, float)) or scale < MIN_SANE_LOSS_SCALE:
