@@ -65,7 +65,7 @@ setup(
     # pinned to versions that install together from the package index (adapters 1.3.0 needs transformers
     # ~=4.57.6); scripts/install.sh installs both extras
     extras_require={
-        "test": ["pytest", "pytest-xdist", "transformers", "peft", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist>=3.8", "transformers", "peft", "ruff==0.17.6"],
         "interop": ["transformers==4.57.6", "peft==0.21.2", "adapters==1.3.0"],
     },
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},

@@ -37,6 +37,44 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite runs on WORKERS pytest-xdist processes by default: its time is mostly single-threaded interpreter
+# starts (fairseq-train, run.sh, sweep.sh), so 2 workers fill the CI machine's 2 cores. `-n N` sets another
+# count, `-n 0` or `-p no:xdist` runs one process. Set here, not by addopts in pyproject.toml: `-n` there
+# would be an unknown option under `-p no:xdist`.
+WORKERS = 2
+# Each worker (and what it starts: fairseq-train, torchrun) gets its share of the cores as torch threads,
+# read from the environment when torch starts, so that the workers do not fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_share)
+    if "torch" in sys.modules:  # imported before this file (by a plugin): too late for the environment
+        sys.modules["torch"].set_num_threads(_share)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into worker processes
+def pytest_cmdline_main(config):
+    """``-n WORKERS --dist loadgroup`` unless -n was given, xdist is off, or this is a worker or a pytest
+    that a test started inside a worker; ``--dist loadgroup`` whenever -n was given without ``--dist``
+    (tests that share an expensive module fixture are one ``xdist_group``, so it is built once)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    option = config.option
+    if hasattr(config, "workerinput"):  # a worker: it reads --dist from the command line, so it is told (below)
+        if "dist" in config.workerinput:
+            option.loadgroup = config.workerinput["dist"] == "loadgroup"  # its groups reach the scheduler
+        return
+    default = not (os.environ.get("PYTEST_XDIST_WORKER") or option.usepdb or option.collectonly)
+    if option.numprocesses is None and default:
+        option.numprocesses = WORKERS
+    if option.numprocesses and option.dist == "no" and not option.distload:
+        option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown under -p no:xdist
+def pytest_configure_node(node):
+    """Tell each worker the --dist chosen above (a worker parses the command line again, where it may be absent)."""
+    node.workerinput["dist"] = node.config.option.dist
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -25,6 +25,7 @@ METHODS = tuple(ONE_PER_FAMILY.values())
 SENTENCES = ["a gripping , funny and moving film .", "the plot is thin and the jokes fall flat .", "it 's fine ."]
 DIMS = ["--encoder-layers", "6", "--encoder-embed-dim", "384", "--encoder-ffn-embed-dim", "1536"]
 DIMS += ["--encoder-attention-heads", "12", "--max-positions", "512"]
+pytestmark = pytest.mark.xdist_group("hub-trained")  # one worker: the module's `trained` runs once
 
 
 def test_one_method_of_every_frozen_backbone_family_is_trained_here():

@@ -474,6 +474,7 @@ def first_run(shared_data, standin_model, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
 def test_first_run_live_log_results_and_folder(first_run):
     folder, out, sizes = first_run["folder"], first_run["out"], first_run["sizes"]
     assert re.fullmatch(r"lr2e-4\.seed1\.[0-9a-f]{8}", folder.name)
@@ -503,6 +504,7 @@ def test_first_run_live_log_results_and_folder(first_run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
 def test_same_command_again_reports_the_result_without_training(first_run):
     folder, work = first_run["folder"], first_run["work"]
     log_before = (folder / "train.log").stat()
@@ -516,6 +518,7 @@ def test_same_command_again_reports_the_result_without_training(first_run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
 def test_another_seed_trains_in_its_own_folder(first_run):
     work, folder = first_run["work"], first_run["folder"]
     before = (folder / "checkpoint_last.pt").stat().st_mtime_ns
@@ -531,6 +534,7 @@ def test_another_seed_trains_in_its_own_folder(first_run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
 def test_reprepares_when_raw_differs(first_run, tmp_path):
     other = write_slice(tmp_path / "raw", first_run["raw"], {"train.tsv": 40, "dev.tsv": 16})
     out = subprocess.run(
@@ -545,6 +549,7 @@ def test_reprepares_when_raw_differs(first_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
 def test_kill_then_the_same_command_resumes_to_the_same_weights(first_run):
     """--restart, kill -9 once the update-3 checkpoint is written; the same command resumes from it and
     ends with the tensors of the uninterrupted run (CPU, same seed: dropout is seeded per update)."""

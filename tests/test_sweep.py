@@ -272,6 +272,7 @@ def smoke(glue_slices, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
 def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
     assert smoke["first_code"] == 130, smoke["first"][-3000:]
     assert "local: 2 parallel run(s) on cpu" in smoke["first"]
@@ -299,6 +300,7 @@ def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
 def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
     out = tmp_path / "table"
     cmd = [sys.executable, "-m", "fairseq_idpg.results", str(smoke["records"]), "--spec", str(smoke["spec"])]
@@ -325,6 +327,7 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
 def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     """The Slurm path through submitit's local executor: one finished run (reported cached by run.py) as a job."""
     monkeypatch.setenv("GLUE_DIR", smoke["env"]["GLUE_DIR"])  # the smoke sweep's data (and the job's)
