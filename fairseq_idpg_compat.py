@@ -75,7 +75,8 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    ``PROG: error: MESSAGE`` on stderr and exit status 2; any other exception keeps its traceback. Before
    anything runs, values that cannot be right are refused the same way: ``--lr`` <= 0, negative
    ``--max-update``/``--max-epoch``/``--num-workers``, ``--batch-size``/``--max-tokens``/``--update-freq``
-   < 1, and fairseq-validate's ``--path`` when it is missing or not a checkpoint (was ``KeyError: None``).
+   < 1, and fairseq-validate's ``--path`` when it is missing or not a checkpoint (was ``KeyError: None``);
+   fairseq-train without ``--arch`` (was a bare ``RuntimeError`` traceback).
    A save folder that fairseq-train made for a run refused this way is removed when still empty. A
    ConfigError that fairseq wraps in another exception (a resume on another backbone: "Cannot load model
    parameters from checkpoint ...") is reported the same way. Under torchrun (``TORCHELASTIC_ERROR_FILE``
@@ -591,6 +592,9 @@ def one_line_errors(module, prog):
 
             def modify_parser(parser):
                 parser.error = refuse
+                for action in parser._actions:  # without it, fairseq's parser raised a bare RuntimeError
+                    if "--arch" in action.option_strings:
+                        action.required = True
                 if given is not None:
                     given(parser)
 

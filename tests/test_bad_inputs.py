@@ -488,6 +488,7 @@ def test_console_scripts_print_one_line(world, tmp_path):
     processes = {
         "fairseq-train": [bindir / "fairseq-train", *train_argv(world, "m-idpg-phm", save), "--idpg-phm-n", "5"],
         "fairseq-validate": [bindir / "fairseq-validate", world.data, "--path", tmp_path / "gone.pt"],
+        "fairseq-train, no --arch": [bindir / "fairseq-train", "--user-dir", REPO / "fairseq_idpg", world.data],
         "prepare_data.py": [sys.executable, REPO / "scripts" / "prepare_data.py", "SST-2", "--raw", tmp_path / "no"]
         + ["--out", tmp_path / "bin", "--workers", "0"],
         "run.sh": ["bash", REPO / "scripts" / "run.sh", "SST-2", "--nproc", "0", "--work-dir", tmp_path / "work"],
@@ -497,7 +498,8 @@ def test_console_scripts_print_one_line(world, tmp_path):
     for prog, proc in started.items():
         err = proc.communicate(timeout=120)[1]
         assert proc.returncode == 2, (prog, err)
-        one_line(err, prog, "")
+        expected = "the following arguments are required: --arch/-a" if "no --arch" in prog else ""
+        one_line(err, prog.split(",")[0], expected)
     assert not save.exists() and not (tmp_path / "bin").exists() and not (tmp_path / "work").exists()
 
 
