@@ -1012,6 +1012,7 @@ def write_record(p, results, diverged=None):
         "run": save.name,
         "git": git_state(),
         "timings": timings,
+        "device": device_name(),  # what the timings (and CUDA's own random streams) were measured on
         # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
         "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -1024,6 +1025,13 @@ def _cuda():
     import torch
 
     return torch.cuda.is_available()
+
+
+def device_name():
+    """Where fairseq-train ran: the first visible CUDA device's name (as fairseq picks it), else "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 if __name__ == "__main__":

@@ -488,6 +488,7 @@ def test_first_run_live_log_results_and_folder(first_run):
     assert results["seed"] == 1 and isinstance(results["score"], float)
     assert all(isinstance(v, (int, float)) for v in results["results"]["valid"].values())
     assert all(isinstance(v, float) for v in results["timings"].values()) and results["timings"]["train"] > 0
+    assert results["device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     validated = validate_scores((folder / "validate.log").read_text(), ["valid"])
     assert results["score"] == validated["valid"]["accuracy"]  # what fairseq-validate printed
     trained = validations((folder / "train.log").read_text())  # fairseq-train's --log-format json lines

@@ -6,6 +6,7 @@ path, the committed table), the message of a model with no measurement, the line
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -194,6 +195,19 @@ def test_a_bad_timings_file_is_one_line_before_anything_runs(tmp_path, capsys, c
     assert err.startswith(f"sweep: error: --timings {path}") and message in err, err
     assert "valid: JSON written by scripts/check_gpu.sh" in err and err.count("\n") == 1
     assert out == "" and not work.exists()  # nothing planned, nothing run
+
+
+def test_a_bad_timings_file_through_sweep_sh_is_one_line(tmp_path):
+    """What users run: scripts/sweep.sh runs the module as __main__, where the estimate's SweepError once
+    escaped main's handler (a second class of the same name) as a traceback."""
+    (tmp_path / "spec.yaml").write_text(TWO_METHODS)
+    (tmp_path / "timings.json").write_text("{not json")
+    cmd = [REPO / "scripts" / "sweep.sh", tmp_path / "spec.yaml", "--work-dir", tmp_path / "work"]
+    proc = subprocess.run([*map(str, cmd), "--timings", str(tmp_path / "timings.json")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "| INFO |" not in x]
+    assert line.startswith(f"sweep: error: --timings {tmp_path / 'timings.json'}: not JSON")
+    assert not (tmp_path / "work").exists()
 
 
 def test_idpg_table1_dry_run_prints_its_estimate_and_sources(tmp_path, capsys):
