@@ -39,5 +39,8 @@ def atomic_write_text(path: str, text: str) -> None:
 def save_checkpoint(state: dict, path: str) -> None:
     import torch
 
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # through a file object: torch.save(<path>) names the zip's records after the file, here a random
+        # temporary name, so two builds of the same tensors had different bytes (and sha256, which
+        # identifies a run's backbone); a file object's records are always "archive/"
+        torch.save(state, f)
