@@ -175,6 +175,12 @@ def sha256(path):
     return file_sha256(path)
 
 
+def weights_sha256(path):
+    from fairseq_idpg.data.digest import weights_sha256 as digest
+
+    return digest(path)
+
+
 def checkpoint_updates(path):
     """The number of updates a fairseq checkpoint was saved at (the tensors are not read); a damaged file:
     those of the newest intact checkpoint beside it, which fairseq-train resumes from (fairseq_idpg_compat
@@ -368,15 +374,22 @@ def config_hash(config):
     defining["data"].pop("folder", None)
     (defining["data"].get("provenance") or {}).pop("raw", None)  # the same files elsewhere are the same data
     defining["model"].pop("name", None)
+    # added after runs were named: a run folder's name (and a record's) stays what it was
+    defining["model"].pop("weights_sha256", None)
     return hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def portable_hash(config):
     """``config_hash`` without the model file's path, which the run folder's hash has always included (to
     keep finished runs' folders, it still does): the same run in another checkout or work folder has the
-    same portable hash. The model file is still identified by its sha256."""
+    same portable hash. The backbone is identified by its weights' sha256 where the config has it (the
+    same tensors in another build of the file: a fresh clone's stand-in), else by its file's sha256
+    (records made before the weights' digest, which match only the same file)."""
     defining = json.loads(json.dumps(config, default=str))
     defining["model"].pop("path", None)
+    weights = defining["model"].get("weights_sha256")
+    if weights:
+        defining["model"]["sha256"] = "weights:" + weights  # config_hash drops weights_sha256 itself
     return config_hash(defining)
 
 
@@ -741,7 +754,8 @@ def configuration(request, task, method, recipe, backbone, data, budget):
                    "frozen_backbone": method.frozen_backbone},
         "model": {"name": request.model, "path": str(model_file.resolve()),
                   "sha256": sha256(model_file) if backbone.present else None,
-                  "dict_sha256": sha256(backbone.dir / "dict.txt") if backbone.present else None},
+                  "dict_sha256": sha256(backbone.dir / "dict.txt") if backbone.present else None,
+                  "weights_sha256": weights_sha256(model_file) if backbone.present else None},
         "data": {"folder": str(data.folder), "provenance": data.provenance,
                  "extra": dict(data.info.extra) if data.info is not None else {},  # e.g. a doubled train set
                  "train_examples": budget.train_examples},

@@ -400,13 +400,15 @@ def recorded(run, p, records):
     if not p.complete:
         return None
     prefix = p.folder.name.rsplit(".", 1)[0]  # lr<lr>.seed<seed>
-    wanted = portable_hash(p.config)
+    by_file = json.loads(json.dumps(p.config, default=str))
+    by_file["model"].pop("weights_sha256", None)  # a record made before the weights' digest: the same file
+    wanted = {portable_hash(p.config), portable_hash(by_file)}
     for path in sorted(record_dir(run, records).glob(f"{prefix}.*.json")):
         try:
             config = json.loads(path.read_text())["config"]
         except (ValueError, KeyError):
             continue  # not a record: never a match
-        if portable_hash(config) == wanted:
+        if portable_hash(config) in wanted:
             return path
     return None
 

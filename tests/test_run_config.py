@@ -34,6 +34,7 @@ def normalized(config, command, work, standin, folder):
     config = json.loads(json.dumps(config))
     config["model"].update(path="MODEL/model.pt", sha256="S" if config["model"]["sha256"] else None)
     config["model"]["dict_sha256"] = "D" if config["model"]["dict_sha256"] else None
+    config["model"]["weights_sha256"] = "W" if config["model"]["weights_sha256"] else None
     config["data"]["folder"] = config["data"]["folder"].replace(str(work), "WORK")
     (config["data"]["provenance"] or {})["raw"] = "RAW"
     words = " ".join(command).replace(folder.name, "RUN").replace(str(work), "WORK").replace(str(standin), "MODEL")
@@ -77,8 +78,8 @@ def test_config_hash_and_command_are_those_of_existing_runs(shared_data, standin
 
 
 def committed_records():
-    names = subprocess.run(["git", "grep", "-l", '"run": "lr'], capture_output=True, text=True, cwd=REPO).stdout
-    return sorted(REPO / name for name in names.split() if name.endswith(".json"))
+    names = subprocess.run(["git", "grep", "-lz", '"run": "lr'], capture_output=True, text=True, cwd=REPO).stdout
+    return sorted(REPO / name for name in names.split("\0") if name.endswith(".json"))  # labels have spaces
 
 
 def test_committed_records_are_named_by_their_config_hash():
@@ -92,6 +93,10 @@ def test_committed_records_are_named_by_their_config_hash():
 def as_recorded(config, record):
     """``config`` with the model file and folders of the machine the record ran on."""
     config["model"].update({k: record["config"]["model"][k] for k in ("path", "sha256", "dict_sha256")})
+    if "weights_sha256" in record["config"]["model"]:
+        config["model"]["weights_sha256"] = record["config"]["model"]["weights_sha256"]
+    else:  # recorded before the weights' digest, whose model file is no longer here to compute it
+        del config["model"]["weights_sha256"]
     config["data"]["folder"] = record["config"]["data"]["folder"]
     config["data"]["provenance"]["raw"] = record["config"]["data"]["provenance"]["raw"]
     return config

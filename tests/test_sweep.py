@@ -6,6 +6,7 @@ its numbers and plots, and submitit's local executor."""
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -382,3 +383,42 @@ def test_a_record_from_another_checkout_is_not_run_again(glue_slices, standin_mo
     dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
     assert sweep.main([*argv, "--dry-run"]) == 0
     assert "1 runs, 0 finished, 1 to run" in capsys.readouterr().out
+
+
+def test_a_record_is_matched_by_its_backbones_weights_not_its_files_bytes(
+    glue_slices, standin_model, tmp_path, monkeypatch, capsys
+):
+    """Each build of the stand-in writes other bytes (the model folder's path is in the checkpoint's cfg),
+    so a fresh clone's model.pt has another sha256 than the one a study's records name. The record of
+    the same weights is this run's; one of other weights is not; one made before the weights' digest
+    matches the same file only."""
+    monkeypatch.setenv("GLUE_DIR", str(glue_slices))
+    text = "name: s\nmodel: standin\ntasks: [RTE]\nmethods: [prompt-tuning-5]\nlrs: recipe\nseeds: [1]\nmax_update: 4\n"
+    spec = write_spec(tmp_path, text)
+    work, records = tmp_path / "work", tmp_path / "records"
+    (run,) = sweep.load_spec(spec).runs
+    p = sweep.plan_run(run, "standin", str(work), dry=False)
+    assert re.fullmatch(r"[0-9a-f]{64}", p.config["model"]["weights_sha256"])
+    argv = [str(spec), "--work-dir", str(work), "--records", str(records), "--dry-run"]
+
+    def matched(model):
+        elsewhere = json.loads(json.dumps(p.config))
+        elsewhere["model"] = {**elsewhere["model"], "path": "/elsewhere/model.pt", **model}
+        if elsewhere["model"].get("weights_sha256") is None:
+            del elsewhere["model"]["weights_sha256"]
+        name = f"{p.folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(elsewhere)}"
+        shutil.rmtree(records, ignore_errors=True)
+        dest = sweep.record_dir(run, records) / f"{name}.json"
+        dest.parent.mkdir(parents=True)
+        dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
+        assert sweep.main(argv) == 0
+        return "1 recorded elsewhere, 0 to run" in capsys.readouterr().out
+
+    assert matched({"sha256": "0" * 64})  # another build of the same weights
+    assert not matched({"sha256": "0" * 64, "weights_sha256": "1" * 64})  # other weights
+    assert matched({"weights_sha256": None})  # an older record of the same file
+    assert not matched({"sha256": "0" * 64, "weights_sha256": None})  # an older record of another file
+    # the run folder's name does not change with the digest: finished runs keep their folders
+    without = json.loads(json.dumps(p.config))
+    del without["model"]["weights_sha256"]
+    assert main_job.config_hash(without) == main_job.config_hash(p.config)

@@ -3,9 +3,10 @@ identity of raw task files, BPE files, binarized splits, GloVe vectors and model
 
 import hashlib
 import os
-from typing import Dict
+from typing import Dict, Optional
 
 _DIGESTS: Dict[tuple, str] = {}  # (real path, size, mtime) -> sha256
+_WEIGHTS: Dict[tuple, Optional[str]] = {}  # (real path, size, mtime) -> sha256 of the checkpoint's tensors
 
 
 def file_sha256(path) -> str:
@@ -18,3 +19,26 @@ def file_sha256(path) -> str:
                 digest.update(chunk)
         _DIGESTS[key] = digest.hexdigest()
     return _DIGESTS[key]
+
+
+def weights_sha256(path) -> Optional[str]:
+    """sha256 of a fairseq checkpoint's weights (``state["model"]``: each tensor's name, dtype, shape and
+    bytes, in name order), not of its file: two saves of the same tensors are the same backbone even
+    where the file's bytes differ (torch.save's record names, the model folder's path that fairseq keeps
+    in the checkpoint's cfg), as every build of the stand-in's did. None: the file holds no weights."""
+    import torch
+
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _WEIGHTS:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("model")
+        if not isinstance(state, dict):
+            _WEIGHTS[key] = None
+            return None
+        digest = hashlib.sha256()
+        for name in sorted(state):
+            tensor = state[name].detach().cpu().contiguous()
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        _WEIGHTS[key] = digest.hexdigest()
+    return _WEIGHTS[key]
