@@ -968,7 +968,7 @@ def train(p):
         # process and output, one interpreter start (about 4 s) fewer
         from fairseq_idpg.launch import resolve
 
-        _, cmd = resolve(p.train[3:])
+        _, cmd = resolve(p.train[p.train.index("fairseq_idpg.launch") + 1 :])  # the launcher's arguments
         print("+ " + shlex.join(p.train), flush=True)
         with open(save / "train.log", "a", encoding="utf-8") as f:
             f.write("+ " + shlex.join(cmd) + "\n")
