@@ -358,3 +358,23 @@ def test_a_saved_checkpoint_is_the_same_bytes_each_time(tmp_path):
     assert {name.split("/")[0] for name in zipfile.ZipFile(path).namelist()} == {"archive"}
     assert torch.equal(torch.load(path)["model"]["w"], state["model"]["w"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]  # no temporary file left
+
+
+def test_the_weights_digest_is_the_tensors_whatever_the_file(tmp_path):
+    """model.weights_sha256 identifies a run's backbone across checkouts: the same tensors in files of other
+    bytes (another record name, the legacy format fairseq's released roberta.* checkpoints use) have one
+    digest; other tensors another; a file without weights none."""
+    from fairseq_idpg.data.digest import file_sha256, weights_sha256
+
+    state = {"model": {"b": torch.ones(2, dtype=torch.float16), "a": torch.arange(6.0).view(2, 3)}, "cfg": {}}
+    torch.save(state, tmp_path / "zip.pt")
+    torch.save({**state, "cfg": {"data": "/elsewhere"}}, tmp_path / "other-bytes.pt")
+    torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    state["model"]["a"] = state["model"]["a"] + 1
+    torch.save(state, tmp_path / "other-weights.pt")
+    torch.save({"cfg": {}}, tmp_path / "no-weights.pt")
+    files = ["zip.pt", "other-bytes.pt", "legacy.pt"]
+    assert len({file_sha256(tmp_path / f) for f in files}) == 3
+    assert len({weights_sha256(tmp_path / f) for f in files}) == 1
+    assert weights_sha256(tmp_path / "other-weights.pt") != weights_sha256(tmp_path / "zip.pt")
+    assert weights_sha256(tmp_path / "no-weights.pt") is None

@@ -31,7 +31,10 @@ def weights_sha256(path) -> Optional[str]:
     stat = os.stat(path)
     key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
     if key not in _WEIGHTS:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("model")
+        import zipfile
+
+        # mmap (no copy in memory) needs torch's zip format; fairseq's released checkpoints are the older one
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path)).get("model")
         if not isinstance(state, dict):
             _WEIGHTS[key] = None
             return None
