@@ -573,6 +573,8 @@ def check(request):
     """Refuse, in one line (RunError) and before anything is prepared or written, a request that cannot run:
     its values, what is missing (every model file and raw folder at once), and the fairseq-train command it
     makes (``check_train_command``), with the budget a dry run shows. Returns the dry run's plan."""
+    if request.model == "standin" and not request.dry_run:
+        find_backbone(request)  # built when missing (a fresh clone): its vocab.txt prepares the data
     p = plan(dataclasses.replace(request, dry_run=True), log=quiet)
     if p.missing and not request.dry_run:
         raise RunError("; ".join(p.missing))
@@ -705,7 +707,17 @@ def data_for(request, task, backbone, log=print):
     if info is not None and request.dry_run and reasons:
         info = None  # a dry run's stale data: the budget is that of the data it would prepare
     if reasons and not missing and raw is not None and wanted is None:  # the raw folder lacks files, or no BPE
-        missing = [f"{task}: the raw files or BPE files to prepare {folder} are missing ({raw}; {bpe[-1]})"]
+        from fairseq_idpg.preprocessing import get_task
+        from fairseq_idpg.preprocessing.prepare import bpe_files
+
+        absent = [Path(raw) / name for name in get_task(task).files if not (Path(raw) / name).is_file()]
+        # the stand-in's vocab.txt comes with the stand-in, which a run builds first (check)
+        if not (request.model == "standin" and not backbone.present):
+            encoding = {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
+            absent += [f for f in bpe_files(**encoding).values() if not Path(f).is_file()]
+        if absent:
+            missing = [f"{task}: the raw files or BPE files to prepare {folder} are missing: "
+                       + ", ".join(map(str, absent))]  # fmt: skip
     return Data(folder, info, info.provenance if info is not None else wanted, missing if reasons else []), seconds
 
 
@@ -956,7 +968,7 @@ def train(p):
         # process and output, one interpreter start (about 4 s) fewer
         from fairseq_idpg.launch import resolve
 
-        _, cmd = resolve(p.train[3:])
+        _, cmd = resolve(p.train[p.train.index("fairseq_idpg.launch") + 1 :])  # the launcher's arguments
         print("+ " + shlex.join(p.train), flush=True)
         with open(save / "train.log", "a", encoding="utf-8") as f:
             f.write("+ " + shlex.join(cmd) + "\n")

@@ -637,3 +637,30 @@ def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatc
     assert main_job.execute(plan) == 0
     out = capsys.readouterr().out
     assert "cached: this configuration finished" in out and "diverged at update 4 (lr 1e+06)" in out
+
+
+def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
+    glue_slices, standin_model, tmp_path, monkeypatch
+):
+    """scripts/run.sh in a fresh clone (no models/ yet): the stand-in is built first, since its vocab.txt is
+    what prepares the data; the check once refused such a run in one line naming that vocab.txt as missing.
+    A dry run builds nothing."""
+    monkeypatch.setenv("GLUE_DIR", str(glue_slices))
+    folder = tmp_path / "models" / "minilm-l6-fairseq"
+    monkeypatch.setattr(main_job, "STANDIN_DIR", folder)
+    built = []
+
+    def build(cmd, log=print):  # scripts/build_standin.sh FOLDER, without its 25 s: the built files
+        assert Path(cmd[1]).name == "build_standin.sh" and Path(cmd[2]) == folder
+        built.append(cmd)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("model.pt", "dict.txt", "vocab.txt"):
+            shutil.copy(standin_model / name, folder / name)
+        return 0.0
+
+    monkeypatch.setattr(main_job, "call", build)
+    argv = ["RTE", "--method", "prompt-tuning-5", "--max-update", "2", "--work-dir", str(tmp_path / "work")]
+    assert main_job.check(main_job.parse_args([*argv, "--dry-run"])).missing == []  # the stand-in: not missing
+    assert built == [] and not folder.exists()
+    p = main_job.check(main_job.parse_args(argv))
+    assert len(built) == 1 and (folder / "model.pt").is_file() and p.missing == []
