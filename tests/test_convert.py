@@ -366,7 +366,8 @@ def test_the_weights_digest_is_the_tensors_whatever_the_file(tmp_path):
     digest; other tensors another; a file without weights none."""
     from fairseq_idpg.data.digest import file_sha256, weights_sha256
 
-    state = {"model": {"b": torch.ones(2, dtype=torch.float16), "a": torch.arange(6.0).view(2, 3)}, "cfg": {}}
+    state = {"model": {"b": torch.ones(2, dtype=torch.float16), "a": torch.arange(6.0).view(2, 3),
+                       "version": torch.tensor(3.0)}, "cfg": {}}  # fmt: skip
     torch.save(state, tmp_path / "zip.pt")
     torch.save({**state, "cfg": {"data": "/elsewhere"}}, tmp_path / "other-bytes.pt")
     torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)

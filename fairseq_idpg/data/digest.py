@@ -40,8 +40,9 @@ def weights_sha256(path) -> Optional[str]:
             return None
         digest = hashlib.sha256()
         for name in sorted(state):
-            tensor = state[name].detach().cpu().contiguous()
+            tensor = state[name].detach().cpu()
             digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            # flat first: a 0-dim tensor (a scalar buffer) cannot be viewed as bytes
+            digest.update(tensor.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         _WEIGHTS[key] = digest.hexdigest()
     return _WEIGHTS[key]
