@@ -6,7 +6,7 @@
 # with WATCH_PID set, once that process (the sweep) has ended and a last pass has committed what it left.
 #
 #   WATCH_PID=<run_studies.sh pid> nohup setsid nice -n 19 scripts/commit_records.sh \
-#       standin-dpt-glue:45 standin-inducer-nlu:54 standin-sidpg-diagnosis:33 standin-inducer-diagnosis:36 standin-dpt-diagnosis:15 > sweeps/commit_records.log 2>&1 &
+#       standin-dpt-glue:45 standin-inducer-nlu:54 standin-sidpg-diagnosis:33 standin-inducer-diagnosis:45 standin-dpt-diagnosis:15 > sweeps/commit_records.log 2>&1 &
 set -u
 cd "$(dirname "$0")/.."
 interval=${INTERVAL:-600}

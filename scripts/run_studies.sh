@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 25's seeded studies on the offline stand-in (all-MiniLM-L6-v2 in fairseq RoBERTa format, not
 # RoBERTa), one after the other: study b (standin-dpt-glue, 45 runs), study a (standin-inducer-nlu,
-# 54 runs), then item 3's diagnoses (standin-sidpg-diagnosis, 33 runs; standin-inducer-diagnosis, 36 runs;
+# 54 runs), then item 3's diagnoses (standin-sidpg-diagnosis, 33 runs; standin-inducer-diagnosis, 45 runs;
 # standin-dpt-diagnosis, 15 runs),
 # one CPU run at a time, each run's record written to
 # docs/results/<name>/records (commit them with scripts/commit_records.sh). Resumable: run it again
