@@ -47,6 +47,7 @@ resolves it into the configuration and commands, ``execute()`` trains and scores
 
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -866,12 +867,46 @@ def describe(budget, recipe, extra=()):
     )
 
 
+RUN_LOCK = ".lock"  # in the run folder: held by the one process training or scoring it
+
+
+@contextlib.contextmanager
+def run_folder_lock(save):
+    """Held while this process trains or scores the run in ``save``: a second process on the same
+    configuration (another sweep, a second run.sh) stops with one line instead of writing the same
+    checkpoints and logs. An fcntl lock goes with its process, so a killed run leaves none held."""
+    from filelock import FileLock, Timeout
+
+    save.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(save / RUN_LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunError(
+            f"{save} is in use: another process (a sweep or run.sh with this configuration) is training "
+            "or scoring it; wait for it to end, or stop it first"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def execute(p):
     """Train (or resume) and score the planned run; results.json marks it finished."""
+    new = not p.folder.exists()
+    with run_folder_lock(p.folder):
+        return execute_locked(p, new)
+
+
+def execute_locked(p, new):
     save = p.folder
-    if p.request.restart and save.exists():
+    if p.request.restart and not new:
         print(f"--restart: removing {save}", flush=True)
-        shutil.rmtree(save)
+        for child in save.iterdir():  # all but the lock this process holds
+            if child.name != RUN_LOCK:
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        new = True  # a refused restart leaves nothing behind either
     if (save / "results.json").is_file():
         done = json.loads((save / "results.json").read_text())
         print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
@@ -882,8 +917,6 @@ def execute(p):
             show_scores(done["results"], done["metric"])
         return 0
     trained = trained_before(p)
-    new = not save.exists()
-    save.mkdir(parents=True, exist_ok=True)
     (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
     failure = None
     try:

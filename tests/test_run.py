@@ -664,3 +664,41 @@ def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
     assert built == [] and not folder.exists()
     p = main_job.check(main_job.parse_args(argv))
     assert len(built) == 1 and (folder / "model.pt").is_file() and p.missing == []
+
+
+def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch):
+    """Two processes on one configuration (a second sweep, a second run.sh) would write the same
+    checkpoints: while another process holds the run folder, execute() stops with one line and writes
+    nothing; once that process has ended (its lock goes with it), the same plan trains."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text("the other process's\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); "
+         "lock.acquire(); print('held', flush=True); time.sleep(60)", str(folder / main_job.RUN_LOCK)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        plan = types.SimpleNamespace(
+            folder=folder, request=types.SimpleNamespace(restart=True, model="standin", method="lora", seed=1),
+            config={"updates": 4, "layout": None}, timings={}, argv=["RTE"],
+        )  # fmt: skip
+        monkeypatch.setattr(main_job, "train", lambda p: pytest.fail("trained a folder in use"))
+        with pytest.raises(main_job.RunError) as refused:
+            main_job.execute(plan)
+        assert str(refused.value) == (
+            f"{folder} is in use: another process (a sweep or run.sh with this configuration) is training or "
+            "scoring it; wait for it to end, or stop it first"
+        )
+        assert (folder / "config.json").read_text() == "the other process's\n"  # not even --restart touched it
+    finally:
+        holder.kill()
+        holder.wait()
+    trained = []
+    monkeypatch.setattr(main_job, "train", lambda p: trained.append(p.folder))
+    monkeypatch.setattr(main_job, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))
+    with pytest.raises(main_job.RunError, match="^scored$"):
+        main_job.execute(plan)  # --restart emptied the folder (its lock kept) and trained it
+    assert trained == [folder] and json.loads((folder / "config.json").read_text()) == plan.config
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "config.json"]
