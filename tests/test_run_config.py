@@ -109,7 +109,9 @@ def test_committed_records_are_planned_again_from_their_command(shared_data, sta
     for path in committed_records():
         record = json.loads(path.read_text())
         argv = record["command"].split()[1:]
-        argv = argv[: argv.index("--work-dir")] if "--work-dir" in argv else argv  # absent: the checkout, the default
+        if "--work-dir" in argv:  # where it ran (absent: the checkout, the default); flags may follow it
+            at = argv.index("--work-dir")
+            argv = argv[:at] + argv[at + 2 :]
         config, folder, _ = planned(argv, tmp_path)
         assert as_recorded(config, record) == record["config"], path
         assert f"{folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(config)}" == record["run"]
