@@ -454,6 +454,8 @@ def main(argv=None):
         return job(parse_args(argv), argv)
     except RunError as e:
         print(f"run.sh: error: {e}", file=sys.stderr)
+        if isinstance(e, InUse):
+            return IN_USE_EXIT
         return 130 if str(e).startswith("interrupted") else 2
 
 
@@ -868,6 +870,11 @@ def describe(budget, recipe, extra=()):
 
 
 RUN_LOCK = ".lock"  # in the run folder: held by the one process training or scoring it
+IN_USE_EXIT = 75  # run.py's exit status for a run folder in use (os.EX_TEMPFAIL): a sweep skips it, not a failure
+
+
+class InUse(RunError):
+    """Another process holds the run folder (``RUN_LOCK``): run.py stops with one line, exit ``IN_USE_EXIT``."""
 
 
 @contextlib.contextmanager
@@ -882,7 +889,7 @@ def run_folder_lock(save):
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise RunError(
+        raise InUse(
             f"{save} is in use: another process (a sweep or run.sh with this configuration) is training "
             "or scoring it; wait for it to end, or stop it first"
         ) from None

@@ -66,7 +66,17 @@ from typing import List, Optional
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.results.records import few_shot_budget
-from fairseq_idpg.run import REPO, check, format_duration, format_lr, plan, portable_hash, quiet, warn_missing
+from fairseq_idpg.run import (
+    IN_USE_EXIT,
+    REPO,
+    check,
+    format_duration,
+    format_lr,
+    plan,
+    portable_hash,
+    quiet,
+    warn_missing,
+)
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
@@ -448,10 +458,11 @@ class SweepProgress:
         self.name, self.total, self.cached, self.slots, self.clock = name, total, cached, slots, clock
         self.done, self.running, self.failed, self.durations = cached, 0, 0, []
         self.diverged = 0  # of the done: results without a score (a NaN or inf loss), not failures
+        self.in_use = 0  # skipped: another process (another sweep, run.sh) holds the run folder and records it
         self.lock = threading.Lock()
 
     def line(self):
-        left = self.total - self.done - self.running - self.failed
+        left = self.total - self.done - self.running - self.failed - self.in_use
         eta = "?"
         if self.durations:
             per_run = sum(self.durations) / len(self.durations)
@@ -459,12 +470,15 @@ class SweepProgress:
         return (
             f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached"
             + (f", {self.diverged} diverged" if self.diverged else "")
-            + f"), {self.running} running, {self.failed} failed, {left} left, eta {eta}"
+            + f"), {self.running} running, {self.failed} failed, "
+            + (f"{self.in_use} in use elsewhere, " if self.in_use else "")
+            + f"{left} left, eta {eta}"
         )
 
-    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0):
+    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0):
         with self.lock:
-            self.running += started - finished - failed
+            self.running += started - finished - failed - in_use
+            self.in_use += in_use
             self.done += finished
             self.diverged += diverged
             self.failed += failed
@@ -562,6 +576,9 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
                 finished=1, seconds=seconds, diverged=int(bool(diverged)),
                 note=f"{note} {run.name} ({format_duration(seconds)})",
             )  # fmt: skip
+        elif code == IN_USE_EXIT and not executor.stopping:
+            failures.set(run.name, None)
+            progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
         elif not executor.stopping:
             failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
             progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
@@ -593,7 +610,7 @@ def execute_run(argv, log, cwd):
     """One array task: run.py with its output in ``log``; raises with the log's tail when it fails."""
     with open(log, "a", encoding="utf-8") as f:
         code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
-    if code:
+    if code and code != IN_USE_EXIT:
         raise RuntimeError(f"run.py exited with {code}; {log}:\n{tail(log)}")
     return code
 
@@ -656,7 +673,10 @@ def follow(submitted, progress, failures, records, poll=30):
                 continue
             waiting.remove(item)
             exc = job.exception()
-            if exc is None and p.finished:
+            if exc is None and job.result() == IN_USE_EXIT:
+                failures.set(run.name, None)
+                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+            elif exc is None and p.finished:
                 failures.set(run.name, None)
                 diverged = record(run, p, records).get("diverged")
                 note = f"diverged at update {diverged['update']}" if diverged else "done"
@@ -799,6 +819,11 @@ def sweep(opts):
     print(progress.line())
     print(f"records: {records}  (python -m fairseq_idpg.results {records}"
           + (f" --published {spec.published}" if spec.published else "") + ")")  # fmt: skip
+    if progress.in_use:
+        print(
+            f"{progress.in_use} run(s) in use by another process (another sweep or run.sh), skipped: "
+            "run this sweep again after it ends to record them"
+        )
     if failed:
         print(f"{len(failed)} run(s) failed (details in {sweep_dir / 'failures.json'}):")
         for name in failed:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lock_support import held_by_another_process
 
 from fairseq_idpg import run as main_job
 from fairseq_idpg.logs import read_log, validate_scores, validations
@@ -673,28 +674,19 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "config.json").write_text("the other process's\n")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); "
-         "lock.acquire(); print('held', flush=True); time.sleep(60)", str(folder / main_job.RUN_LOCK)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with held_by_another_process(folder):
         plan = types.SimpleNamespace(
             folder=folder, request=types.SimpleNamespace(restart=True, model="standin", method="lora", seed=1),
             config={"updates": 4, "layout": None}, timings={}, argv=["RTE"],
         )  # fmt: skip
         monkeypatch.setattr(main_job, "train", lambda p: pytest.fail("trained a folder in use"))
-        with pytest.raises(main_job.RunError) as refused:
+        with pytest.raises(main_job.InUse) as refused:  # run.py's exit status 75, which a sweep skips
             main_job.execute(plan)
         assert str(refused.value) == (
             f"{folder} is in use: another process (a sweep or run.sh with this configuration) is training or "
             "scoring it; wait for it to end, or stop it first"
         )
         assert (folder / "config.json").read_text() == "the other process's\n"  # not even --restart touched it
-    finally:
-        holder.kill()
-        holder.wait()
     trained = []
     monkeypatch.setattr(main_job, "train", lambda p: trained.append(p.folder))
     monkeypatch.setattr(main_job, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))

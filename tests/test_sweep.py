@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lock_support import held_by_another_process
 
 from fairseq_idpg import run as main_job
 from fairseq_idpg import sweep
@@ -183,6 +184,9 @@ def test_progress_line_counts_and_estimates():
     p.update(finished=1, seconds=60)
     p.update(failed=1)
     assert p.line() == "[sweep s] 3/10 done (2 cached), 0 running, 1 failed, 6 left, eta 3m00s"  # 6 x 60 s / 2
+    p.update(started=1)
+    p.update(in_use=1)  # another process held the run's folder: neither done nor failed, nor left
+    assert p.line() == "[sweep s] 3/10 done (2 cached), 0 running, 1 failed, 1 in use elsewhere, 5 left, eta 2m30s"
 
 
 def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
@@ -346,6 +350,32 @@ def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
     (log,) = (tmp_path / "sweeps" / "smoke" / "logs").glob("*.log")
     assert "cached: this configuration finished" in log.read_text()
     assert len(records_of(tmp_path / "records")) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
+def test_a_second_sweep_skips_a_run_another_process_trains(smoke, tmp_path):
+    """Two sweeps over one spec: a run whose folder another process holds (its lock, as a sweep's run.py
+    holds it while training) is skipped and said so, not trained twice and not listed as failed."""
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(smoke["spec"]), "--work-dir", str(smoke["work"])]
+    cmd += ["--tasks", "RTE", "--methods", "lora", "--seeds", "1", "--max-update", "2", "--records", str(tmp_path)]
+    dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, timeout=300, cwd=REPO, env=smoke["env"])
+    folders = re.findall(r"^RTE .* 2 updates  -> (\S+)$", dry.stdout, flags=re.M)
+    assert len(folders) == 2, dry.stdout[-3000:]  # lr 1e-3 and 1e10 (diverges), 2 updates: not run by the smoke sweep
+    held = Path(folders[0])
+    held.mkdir(parents=True)
+    with held_by_another_process(held):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=smoke["env"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    note = r"  in use: RTE\.lora\.lr\S+\.seed1 \(another process trains it\); skipped$"
+    assert re.search(note, done.stdout, flags=re.M)
+    progress = "[sweep smoke] 1/2 done (0 cached, 1 diverged), 0 running, 0 failed, 1 in use elsewhere, 0 left"
+    assert progress in done.stdout
+    assert "1 run(s) in use by another process (another sweep or run.sh), skipped: run this sweep again" in done.stdout
+    assert sorted(p.name for p in held.iterdir()) == [main_job.RUN_LOCK]  # nothing written in the held folder
+    assert (Path(folders[1]) / "results.json").is_file() and len(records_of(tmp_path)) == 1
+    failures = smoke["work"] / "sweeps" / "smoke" / "failures.json"
+    assert not failures.is_file() or json.loads(failures.read_text()) == {}  # skipped is not failed
 
 
 # ---------------------------------------------------------------------------------------- records from elsewhere
