@@ -90,6 +90,17 @@ def test_committed_records_are_named_by_their_config_hash():
         assert record["run"].rsplit(".", 1)[1] == main_job.config_hash(record["config"]), path
 
 
+def test_committed_records_carry_the_weights_digest_a_fresh_clone_matches():
+    """A fresh clone builds its own stand-in (other file bytes, the same weights): a record is matched
+    there by its weights' digest, so a record without one would be trained again. Only the few-shot
+    study's records predate the digest (their stand-in build, and so the digest, is gone)."""
+    predate = "standin-fewshot"
+    lacking = [p for p in committed_records() if "weights_sha256" not in json.loads(p.read_text())["config"]["model"]]
+    assert lacking and all(p.relative_to(REPO).parts[2] == predate for p in lacking), [
+        str(p) for p in lacking if p.relative_to(REPO).parts[2] != predate
+    ]
+
+
 def as_recorded(config, record):
     """``config`` with the model file and folders of the machine the record ran on."""
     config["model"].update({k: record["config"]["model"][k] for k in ("path", "sha256", "dict_sha256")})
