@@ -12,14 +12,30 @@ record (tests/test_every_method.py), so a new record is tested with no new test 
            recipe=IDPG_RECIPE, task="idpg_sentence_prediction", source="IDPG Table 1")
 
 A method has one name: where its options name a preset of its own (``"idpg_preset": NAME``), the
-record also carries what that preset sets (``preset``), and the model family reads its presets
+record also carries what that preset sets (``preset``), and the architecture reads its presets
 from the records (``presets_of``), so ``fairseq-train --idpg-preset NAME`` means what the record
-says. ``options`` alone are what a run folder's hash covers (fairseq_idpg/run.py).
+says. A run folder's hash covers its options and the settings its model is resolved to (the preset
+included; ``fairseq_idpg.run``).
+
+What a method can do is data on its record too, and every list of methods elsewhere is derived from the
+records (``methods_where``, ``representative``), so a new method touches its own record only:
+
+- ``family``: one of ``FAMILIES``, what the method trains inside the frozen encoder (prompts, generated
+  prompts, attention keys and values, adapters, a low-rank update, activations shifted or scaled, every
+  weight); ``representative``: the record that stands for its family where one record per family runs
+  (scripts/check_gpu.sh). The architecture that builds it is ``arch`` (three build the seven families).
+- ``frozen_backbone``: the backbone stays frozen, so tasks can share one forward of it (full fine-tuning
+  and EFL train it);
+- ``exports_to``: the formats of scripts/export_peft.py that hold the trained method exactly
+  (``EXPORT_FORMATS``: Hugging Face PEFT, AdapterHub ``adapters``); ``peft_counterpart``: PEFT's method of
+  the same kind (its timing pair in check_gpu, whether or not the trained method exports to it);
+- ``merges_into_backbone``: the trained tensors fold into the frozen weights (scripts/merge_lora.py), so
+  inference is the plain model's; ``ablation_of``: the record this one ablates (inducer-tuning Table 3).
 
 Frozen-backbone methods get the pretrained checkpoint as ``--backbone PATH`` (loaded frozen at
-build time, ``models/frozen_roberta.py``); full fine-tuning gets it as ``--restore-file``. The
-encoder size flags are read from the checkpoint, so one record runs on roberta.large,
-roberta.base or the offline stand-in.
+build time, ``models/frozen_roberta.py``); full fine-tuning gets it as ``--finetune-from-model`` (its
+weights, without its optimizer state or update count). The encoder size flags are read from the
+checkpoint, so one record runs on roberta.large, roberta.base or the offline stand-in.
 """
 
 import math
@@ -30,6 +46,18 @@ SCHEDULERS = ("fixed", "polynomial_decay")
 SELECTION_SPLITS = ("valid", "valid1")  # MNLI: valid = dev-matched, valid1 = dev-mismatched
 # the four large GLUE tasks, which IDPG trains with batch 32 for 10 epochs
 LARGE_TASKS = ("SST-2", "QNLI", "QQP", "MNLI")
+# A method's family: what it trains inside the frozen encoder (the check of a new machine runs one record of
+# each, scripts/check_gpu.sh; issue 22). In this order the check runs them.
+FAMILIES = {
+    "prompts": "static soft prompts at the input or at every layer: prompt tuning, P-tuning v2, DPT",
+    "idpg": "prompts generated from the input: S-/M-IDPG (IDPG section 3)",
+    "inducer": "keys and values added inside attention: prefix tuning, inducer-tuning",
+    "adapters": "bottleneck modules on the sublayers' outputs: Houlsby, Compacter, the MAM adapter",
+    "lora": "a low-rank update of the attention projections: LoRA (Hu et al. 2021)",
+    "bitfit": "the encoder's activations shifted or scaled: BitFit's biases, (IA)^3's scales",
+    "finetune": "every weight trained: full fine-tuning, EFL",
+}
+EXPORT_FORMATS = ("peft", "adapters")  # scripts/export_peft.py --format: Hugging Face PEFT, AdapterHub adapters
 
 
 @dataclass(frozen=True)
@@ -89,7 +117,8 @@ class Method:
     """One method: ``arch`` + ``options`` (model attributes, e.g. ``{"idpg_preset": ...}``) +
     the ``recipe``; ``task``: the fairseq task it trains with. ``preset``: the model attributes
     that the preset of this method's name sets (``--idpg-preset NAME``), for a record whose
-    options name itself as the preset; empty for the others."""
+    options name itself as the preset; empty for the others. The fields after ``source`` say what
+    the method can do (the module docstring); ``register`` checks them."""
 
     name: str
     arch: str
@@ -100,6 +129,12 @@ class Method:
     frozen_backbone: bool = True
     description: str = ""
     source: str = ""
+    family: str = ""
+    representative: bool = False
+    exports_to: Tuple[str, ...] = ()
+    peft_counterpart: str = ""
+    merges_into_backbone: bool = False
+    ablation_of: str = ""
 
     def model_args(self) -> List[str]:
         """``--arch`` and the model options as fairseq-train flags."""
@@ -116,6 +151,17 @@ class Method:
         import fairseq_idpg  # noqa: F401  (registers the architectures)
 
         return ARCH_MODEL_REGISTRY[self.arch]
+
+    @property
+    def blocks(self) -> Tuple[str, ...]:
+        """The blocks (fairseq_idpg/blocks/) this record's settings turn on; () for another architecture."""
+        if self.arch != "roberta_blocks":
+            return ()
+        from fairseq_idpg.blocks import blocks_turned_on
+
+        preset = self.options["blocks_preset"]
+        settings = self.preset if preset == self.name else METHODS[preset].preset
+        return tuple(blocks_turned_on({**settings, **self.options}))
 
 
 def option_args(options: Mapping[str, Any]) -> List[str]:
@@ -135,10 +181,42 @@ METHODS: Dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
-    if method.name in METHODS:
-        raise ValueError(f"method {method.name!r} registered twice")
+    """Add ``method`` to ``METHODS``, after checking what it says it can do against the other records."""
+    problems = {
+        "registered twice": method.name in METHODS,
+        f"family {method.family!r}: valid are {', '.join(FAMILIES)}": method.family not in FAMILIES,
+        f"exports_to {method.exports_to}: valid are {', '.join(EXPORT_FORMATS)}": not set(method.exports_to)
+        <= set(EXPORT_FORMATS),
+        f"a second representative of {method.family!r}": method.representative
+        and bool(methods_where(family=method.family, representative=True)),
+        f"ablation_of {method.ablation_of!r}: no such record": method.ablation_of and method.ablation_of not in METHODS,
+    }
+    if any(problems.values()):
+        raise ValueError(f"method {method.name!r}: {'; '.join(p for p, bad in problems.items() if bad)}")
     METHODS[method.name] = method
     return method
+
+
+def methods_where(**fields) -> List[str]:
+    """Names of the records, in registration order, whose fields match: a value must be equal, a callable
+    must hold of the field (``methods_where(family="adapters")``, ``methods_where(exports_to=bool)``)."""
+
+    def matches(method):
+        values = {key: getattr(method, key) for key in fields}
+        return all(want(values[key]) if callable(want) else values[key] == want for key, want in fields.items())
+
+    return [name for name, method in METHODS.items() if matches(method)]
+
+
+def representative(family: str) -> str:
+    """The record that stands for ``family`` where one record per family runs (scripts/check_gpu.sh)."""
+    (name,) = methods_where(family=family, representative=True)
+    return name
+
+
+def representatives() -> Dict[str, str]:
+    """``{family: its representative}``, in ``FAMILIES``' order."""
+    return {family: representative(family) for family in FAMILIES}
 
 
 def get_method(name: str) -> Method:
@@ -225,6 +303,8 @@ register(
         arch="roberta",
         frozen_backbone=False,
         recipe=FINETUNE_RECIPE,
+        family="finetune",
+        representative=True,
         description="full fine-tuning (fairseq's RoBERTa GLUE recipe)",
         source="fairseq examples/roberta/README.glue.md",
     )
@@ -238,9 +318,9 @@ def _prompt(matrix, length, deep=False):
     return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
 
 
-_PROMPT_METHODS = (  # name, preset, recipe, description, source
+_PROMPT_METHODS = (  # name, preset, recipe, description, source[, capabilities]
     ("prompt-tuning-5", _prompt("full", 5), IDPG_RECIPE, "prompt tuning, t = 5 (5,120 at roberta-large)",
-     "IDPG Table 1"),
+     "IDPG Table 1", dict(representative=True, peft_counterpart="prompt-tuning")),
     ("prompt-tuning-134", _prompt("full", 134), IDPG_RECIPE, "prompt tuning, t = 134 (137,216)", "IDPG Table 1"),
     ("p-tuning-v2-5", _prompt("full", 5, deep=True), IDPG_RECIPE,
      "P-tuning v2: per-layer additive prompts, t = 5 (122,880)", "IDPG Table 1"),
@@ -259,9 +339,9 @@ _PROMPT_METHODS = (  # name, preset, recipe, description, source
 VOCAB_START = ("prompt-tuning-100", "dpt", "deep-dpt")
 
 
-def prompt_method(name, preset, recipe, description, source):
-    """Register the roberta_prompt method ``name``: ``--prompt-preset name`` sets ``preset``
-    (``_prompt(...)``), checkpoints are compact."""
+def prompt_method(name, preset, recipe, description, source, **capabilities):
+    """Register the roberta_prompt method ``name`` of the prompts family: ``--prompt-preset name`` sets
+    ``preset`` (``_prompt(...)``), checkpoints are compact; ``capabilities``: more ``Method`` fields."""
     return register(
         Method(
             name,
@@ -275,12 +355,14 @@ def prompt_method(name, preset, recipe, description, source):
             recipe=recipe,
             description=description,
             source=source,
+            family="prompts",
+            **capabilities,
         )
     )
 
 
-for _row in _PROMPT_METHODS:
-    prompt_method(*_row)
+for _name, _preset, _recipe, _description, _source, *_capabilities in _PROMPT_METHODS:
+    prompt_method(_name, _preset, _recipe, _description, _source, **dict(*_capabilities))
 # DPT's own lr (section 4.2: 0.3, for T5's prompt alone: no head trains there) for the prompt, beside a
 # classification head at its own lr, the 5e-3 the long-prompt records train everything with: a 0.3 head
 # is unstable (docs/long-prompts.md, section 4). The dpt model; the lr alone differs.
@@ -301,19 +383,19 @@ register(
 # IDPG rows of IDPG Table 1 / Table 2 and the released scripts; what they leave open is roberta_idpg's
 # DEFAULTS (t = 5, RoBERTa's <s> as M(x), the previous layer's <s> as the multi-layer input).
 _M = dict(idpg_depth="multi", idpg_sharing="M")  # M-IDPG: shared W, per-layer c_l (IDPG Table 1)
-_IDPG_METHODS = (  # name, preset, description
+_IDPG_METHODS = (  # name, preset, description[, capabilities]
     ("s-idpg-phm", dict(idpg_generator="phm", idpg_hidden=256, idpg_phm_n=16, idpg_phm_a_sets=1, idpg_depth="single"),
      "S-IDPG-PHM, m = 256, n = 16, one A set (107,776)"),
     ("s-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=256, idpg_depth="single"), "S-IDPG-DNN, m = 256 (1,578,240)"),
     ("m-idpg-phm", dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=16, idpg_phm_a_sets=2, **_M),
-     "M-IDPG-PHM, m = 16, n = 16, previous-layer input, M version (137,232)"),
+     "M-IDPG-PHM, m = 16, n = 16, previous-layer input, M version (137,232)", dict(representative=True)),
     ("m-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=16, **_M),
      "M-IDPG-DNN, m = 16, previous-layer input, M version (221,200)"),
     ("m-idpg-phm-glove", dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=4, idpg_phm_a_sets=2,
                               idpg_input="glove", idpg_layer_input="first", **_M),
      "M-IDPG-PHM-GloVe, GloVe M(x), n = 4 (144,704); give --idpg-glove-vectors"),
 )  # fmt: skip
-for _name, _preset, _description in _IDPG_METHODS:
+for _name, _preset, _description, *_capabilities in _IDPG_METHODS:
     register(
         Method(
             _name,
@@ -324,6 +406,8 @@ for _name, _preset, _description in _IDPG_METHODS:
             task="idpg_sentence_prediction",
             description=_description,
             source="IDPG Table 1",
+            family="idpg",
+            **dict(*_capabilities),
         )
     )
 register(
@@ -335,6 +419,7 @@ register(
         task="idpg_sentence_prediction",
         description="M-IDPG-PHM with rank-2 layer biases c_l = (U V)_l (29,758 at roberta-large)",
         source="beyond the paper: IDPG section 3.2.2's per-layer biases, low-rank",
+        family="idpg",
     )
 )
 
@@ -343,48 +428,57 @@ register(
 # defaults); ``--blocks-preset NAME`` is the record's name.
 # inducer-tuning's records put a LoRA given on top of them on W_q only (section 4.5)
 _INDUCER = {"lora_targets": "q", "inducer_value": "extended", "inducer_output": "residual"}
-_BLOCK_METHODS = (
+# what each record can do (the module docstring): PEFT holds LoRA exactly, adapters the bottleneck adapters and
+# prefixes (fairseq_idpg/interop/); LoRA's update and BitFit's biases fold into the frozen weights (interop/merge.py)
+_INDUCER_FAMILY, _ABLATION = dict(family="inducer"), dict(family="inducer", ablation_of="inducer")
+_ADAPTERS = dict(family="adapters", exports_to=("adapters",))
+_BLOCK_METHODS = (  # name, preset, recipe, description, source, capabilities
     # inducer-tuning, Table 5 (NLU rows: r_k / r_v / LoRA rank / FFN-adapter bottleneck)
     ("inducer", dict(_INDUCER, inducer_key_rank=6, inducer_value_rank=4), INDUCER_RECIPE,
-     "inducer-tuning 6/4", "Inducer-tuning Table 5 (NLU)"),
+     "inducer-tuning 6/4", "Inducer-tuning Table 5 (NLU)", dict(_INDUCER_FAMILY, representative=True)),
     ("inducer-lora", dict(_INDUCER, inducer_key_rank=2, inducer_value_rank=4, lora_rank=4), INDUCER_RECIPE,
-     "inducer-tuning + LoRA on W_q, 2/4/4", "Inducer-tuning Table 5 (NLU)"),
+     "inducer-tuning + LoRA on W_q, 2/4/4", "Inducer-tuning Table 5 (NLU)", _INDUCER_FAMILY),
     ("mam-inducer",
      dict(_INDUCER, inducer_key_rank=2, inducer_value_rank=2, lora_rank=4, ffn_adapter_dim=12, ffn_adapter_scale=2.0),
-     INDUCER_RECIPE, "MAM inducer-tuning 2/2/4/12", "Inducer-tuning Table 5 (NLU)"),
+     INDUCER_RECIPE, "MAM inducer-tuning 2/2/4/12", "Inducer-tuning Table 5 (NLU)", _INDUCER_FAMILY),
     # Table 3 ablations, at the NLU budget of "inducer"
     ("inducer-adaptive", dict(_INDUCER, inducer_key_rank=0, inducer_value_rank=32, inducer_value="per-head"),
-     INDUCER_RECIPE, "ablation Adaptive (k~ = q, per-head value), NLU budget", "Inducer-tuning Table 3"),
+     INDUCER_RECIPE, "ablation Adaptive (k~ = q, per-head value), NLU budget", "Inducer-tuning Table 3", _ABLATION),
     ("inducer-extension", dict(_INDUCER, inducer_key_rank=0, inducer_value_rank=5), INDUCER_RECIPE,
-     "ablation Extension (k~ = q, extended value), NLU budget", "Inducer-tuning Table 3"),
+     "ablation Extension (k~ = q, extended value), NLU budget", "Inducer-tuning Table 3", _ABLATION),
     ("inducer-gating", dict(_INDUCER, inducer_key_rank=6, inducer_value_rank=4, inducer_output="gated"),
-     INDUCER_RECIPE, "ablation Gating ((1 - lambda) Attn + lambda v~), 6/4", "Inducer-tuning Table 3"),
+     INDUCER_RECIPE, "ablation Gating ((1 - lambda) Attn + lambda v~), 6/4", "Inducer-tuning Table 3", _ABLATION),
     # the adapter family
     ("prefix-tuning", {"prefix_length": 32}, INDUCER_RECIPE,
      "prefix tuning, l = 32, MLP-reparameterised (export stores the prefixes)",
-     "Li & Liang 2021; inducer-tuning baseline"),
+     "Li & Liang 2021; inducer-tuning baseline",
+     dict(_INDUCER_FAMILY, exports_to=("adapters",), peft_counterpart="prefix-tuning")),
     ("lora", {"lora_rank": 16, "lora_targets": "q,v"}, INDUCER_RECIPE, "LoRA on W_q and W_v, r = 16, alpha = 32",
-     "Hu et al. 2021; inducer-tuning baseline"),
+     "Hu et al. 2021; inducer-tuning baseline",
+     dict(family="lora", representative=True, exports_to=("peft",), peft_counterpart="lora",
+          merges_into_backbone=True)),
     ("houlsby-adapter", {"adapter": "houlsby", "adapter_dim": 16}, INDUCER_RECIPE,
-     "Houlsby adapter, r = 16, 2 per layer", "Houlsby et al. 2019; IDPG and inducer-tuning baseline"),
+     "Houlsby adapter, r = 16, 2 per layer", "Houlsby et al. 2019; IDPG and inducer-tuning baseline",
+     dict(_ADAPTERS, representative=True)),
     # Compacter's own configuration trains with 3e-3
     ("compacter", {"adapter": "compacter", "adapter_dim": 16, "compacter_n": 4, "compacter_rank": 1},
      replace(INDUCER_RECIPE, lr=3e-3, sources={**INDUCER_RECIPE.sources, "lr": "Compacter's config"}),
-     "Compacter, n = 4, r = 16, PHM rank 1, 2 per layer", "IDPG appendix A.1.2"),
+     "Compacter, n = 4, r = 16, PHM rank 1, 2 per layer", "IDPG appendix A.1.2", _ADAPTERS),
     ("mam-adapter", {"prefix_length": 16, "ffn_adapter_dim": 16, "ffn_adapter_scale": 2.0}, INDUCER_RECIPE,
-     "MAM adapter: prefix 16 + parallel FFN adapter 16, s = 2", "He et al. 2021; inducer-tuning baseline"),
+     "MAM adapter: prefix 16 + parallel FFN adapter 16, s = 2", "He et al. 2021; inducer-tuning baseline", _ADAPTERS),
     # biases alone need a larger step: the top of the BitFit paper's range
     ("bitfit", {"bitfit": True},
      replace(INDUCER_RECIPE, lr=1e-3, sources={**INDUCER_RECIPE.sources, "lr": "BitFit paper's range, top"}),
-     "BitFit: every bias of the encoder", "Ben Zaken et al. 2021; inducer-tuning baseline"),
+     "BitFit: every bias of the encoder", "Ben Zaken et al. 2021; inducer-tuning baseline",
+     dict(family="bitfit", representative=True, merges_into_backbone=True)),
     # inducer-tuning's recipe with the lr of the (IA)^3 paper's T-Few recipe (3e-3; Adafactor there, Adam here)
     ("ia3", {"ia3": True},
      replace(INDUCER_RECIPE, lr=3e-3,
              sources={**INDUCER_RECIPE.sources, "lr": "(IA)^3 paper's T-Few recipe (Liu et al. 2022)"}),
      "(IA)^3: l_k, l_v, l_ff scale keys, values, FFN inner activations (55,296 at roberta-base)",
-     "Liu et al. 2022 (T-Few)"),
+     "Liu et al. 2022 (T-Few)", dict(family="bitfit")),
 )  # fmt: skip
-for _name, _preset, _recipe, _description, _source in _BLOCK_METHODS:
+for _name, _preset, _recipe, _description, _source, _capabilities in _BLOCK_METHODS:
     register(
         Method(
             _name,
@@ -394,6 +488,7 @@ for _name, _preset, _recipe, _description, _source in _BLOCK_METHODS:
             recipe=_recipe,
             description=_description,
             source=_source,
+            **_capabilities,
         )
     )
 
@@ -423,5 +518,6 @@ register(
         frozen_backbone=False,
         description="EFL: full fine-tuning from an MNLI model, each task as entailment with a label description",
         source="IDPG Table 1 (EFL, Wang et al. 2021)",
+        family="finetune",
     )
 )

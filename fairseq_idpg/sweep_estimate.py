@@ -22,8 +22,8 @@ Where the seconds per update come from, first found wins:
 3. the committed table ``TABLE`` (docs/data/seconds_per_update_cpu.csv: measured CPU seconds per
    update by device and model), its rows of the sweep's kind of device (CPU or GPU) only.
 
-Within a source, the run's method at the run's precision, then its family (the methods of one
-architecture, e.g. ``roberta_blocks``), then either at another precision. A model with no measurement
+Within a source, the run's method at the run's precision, then a method of its architecture (the
+records of one ``arch``, e.g. ``roberta_blocks``), then either at another precision. A model with no measurement
 gets no hours: the row says which check to run instead of guessing.
 """
 
@@ -36,7 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from fairseq_idpg.run import REPO, format_duration
+from fairseq_idpg.layout import REPO
+from fairseq_idpg.run.processes import format_duration
 from fairseq_idpg.sweep import SweepError
 
 TIMINGS = REPO / "checkpoints" / "gpu_check.json"  # scripts/check_gpu.sh's default --out, read when present
@@ -77,9 +78,9 @@ def device_kind(name):
     return "cuda" if GPU_NAMES.search(name) else "cpu"
 
 
-def family(method):
-    """``method``'s family: its record's architecture, shared by the records it can stand in for (None for
-    a name that is no record)."""
+def architecture(method):
+    """``method``'s record's architecture, shared by the records it can stand in for (None for a name that
+    is no record)."""
     from fairseq_idpg.methods import METHODS
 
     return METHODS[method].arch if method in METHODS else None
@@ -180,17 +181,18 @@ def precision(request):
 
 
 def lookup(measured, model, method, prec, batch):
-    """(measurement, how it matched) for a run, or None. Levels: method at the precision, family at the
-    precision, method at another, family at another; among several, the closest batch size."""
+    """(measurement, how it matched) for a run, or None. Levels: method at the precision, its architecture
+    at the precision, method at another, architecture at another; among several, the closest batch size."""
     mine = [m for m in measured if m.model in (model, Path(model).name)]
     base = prec.replace("memory-efficient-", "")
     for same_precision in (True, False):
-        for by_family in (False, True):
+        for by_architecture in (False, True):
             hits = [m for m in mine if (m.precision in (prec, base)) == same_precision
-                    and (family(m.method) == family(method) if by_family else m.method == method)]  # fmt: skip
+                    and (architecture(m.method) == architecture(method) if by_architecture
+                         else m.method == method)]  # fmt: skip
             if hits:
                 hits.sort(key=lambda m: abs(math.log(m.batch_size / batch)))
-                how = f"{hits[0].method} (family {family(method)})" if hits[0].method != method else method
+                how = f"{hits[0].method} (arch {architecture(method)})" if hits[0].method != method else method
                 return hits[0], how
     return None
 

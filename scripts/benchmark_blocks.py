@@ -41,21 +41,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fairseq_idpg.methods import METHODS, get_method
+from fairseq_idpg.methods import METHODS, get_method, methods_where
 from fairseq_idpg.models.build import build_method
 
-# benchmarked when --methods is not given: the baselines of the ratios, then inducer-tuning's family
-DEFAULT_METHODS = (
-    "finetune",
-    "lora",
-    "inducer",
-    "inducer-lora",
-    "mam-inducer",
-    "prefix-tuning",
-    "houlsby-adapter",
-    "compacter",
-    "mam-adapter",
-    "bitfit",
+RATIO_BASELINES = ("finetune", "lora")  # each method's time is reported over these
+# benchmarked when --methods is not given: the baselines of the ratios, then every other roberta_blocks record
+# but inducer-tuning's Table 3 ablations (Method.ablation_of; --methods runs them)
+DEFAULT_METHODS = RATIO_BASELINES + tuple(
+    name for name in methods_where(arch="roberta_blocks", ablation_of="") if name not in RATIO_BASELINES
 )
 
 

@@ -22,8 +22,11 @@ import os
 import sys
 
 from fairseq_idpg.errors import ConfigError, one_line_errors, refuse
+from fairseq_idpg.methods import EXPORT_FORMATS as FORMATS
+from fairseq_idpg.methods import methods_where
 
-FORMATS = ("peft", "adapters")
+# the records each format holds exactly (Method.exports_to), for --help
+EXPORTED = {fmt: methods_where(exports_to=lambda formats, fmt=fmt: fmt in formats) for fmt in FORMATS}
 
 
 def main(argv=None):
@@ -31,7 +34,10 @@ def main(argv=None):
     parser.add_argument("run", metavar="RUN_FOLDER", help="a run folder (its checkpoint_best.pt) or a checkpoint")
     parser.add_argument("out", metavar="OUT", help="the adapter folder to write (new or empty)")
     parser.add_argument(
-        "--format", choices=FORMATS, default="peft", help="peft (LoRA; default) or adapters (the adapter family)"
+        "--format",
+        choices=FORMATS,
+        default="peft",
+        help="; ".join(f"{fmt} ({', '.join(names)})" for fmt, names in EXPORTED.items()) + " (default: peft)",
     )
     parser.add_argument("--name", default=None, help="adapters: the adapter's name (default: the method's)")
     parser.add_argument("--backbone", metavar="PATH", help="where the run's backbone is now (default: as recorded)")

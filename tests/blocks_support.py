@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_idpg.blocks import BLOCKS
+from fairseq_idpg.blocks import BLOCKS, blocks_turned_on
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.slots import SLOTS
 
@@ -28,12 +28,7 @@ def block_methods():
 def method_blocks(name):
     """``{block: config}`` of the blocks (fairseq_idpg/blocks/) that the settings of method ``name`` (its
     record's ``preset``, over the blocks' defaults) turn on."""
-    settings = METHODS[name].preset
-    configs = {
-        block: cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}})
-        for block, cls in BLOCKS.items()
-    }
-    return {block: config for block, config in configs.items() if config.active()}
+    return blocks_turned_on(METHODS[name].preset)
 
 
 def method_slots(name):

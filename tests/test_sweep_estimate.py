@@ -68,7 +68,7 @@ def row(out, label):
 
 
 def test_two_methods_give_exact_device_hours_and_wall_time(tmp_path, capsys):
-    # m-idpg-phm measured at the runs' batch: 0.9 s; lora by its family (roberta_blocks: inducer) at batch
+    # m-idpg-phm measured at the runs' batch: 0.9 s; lora by its architecture (roberta_blocks: inducer) at batch
     # 32: 1.2 s, so 0.6 s at batch 16; 3 runs x 1,000 updates each
     # (the check's one-process loops against PEFT, step:NAME and peft:NAME, are no fairseq-train update)
     entries = [
@@ -84,7 +84,7 @@ def test_two_methods_give_exact_device_hours_and_wall_time(tmp_path, capsys):
     assert re.search(r"\s3\s+3,000\s+0\.50\s+", lora), lora  # 3 x 1000 x 0.6 s = 0.50 h
     assert re.search(r"total\s+6\s+6,000\s+1\.25$", out, re.M)
     assert f"{timings}: cpu (fixture), roberta.large, fp32, m-idpg-phm at batch 16 x 128 tokens = 0.9 s/update" in phm
-    assert "inducer (family roberta_blocks) at batch 32 x 128 tokens = 1.2 s/update" in lora
+    assert "inducer (arch roberta_blocks) at batch 32 x 128 tokens = 1.2 s/update" in lora
     # 1.25 h over 2 CPU slots; the longest run is 15m
     assert "wall time at 2 parallel slot(s) (local: 2 CPU run(s)" in out
     assert "0.62 h = 37m30s (device-hours / slots, at least the longest run's 15m00s; assumes full packing" in out
@@ -128,7 +128,7 @@ def test_source_order_the_checks_file_then_the_committed_table(tmp_path, capsys)
     write_timings(estimate.TIMINGS, [entry("m-idpg-phm", 0.9)])  # the check's default file: first
     out = dry_run(tmp_path, capsys, TWO_METHODS)
     assert re.search(r"\s0\.75\s+\S*default/timings.json: cpu \(fixture\)", row(out, "m-idpg-phm"))
-    assert "seconds_per_update_cpu.csv" in row(out, "lora")  # nothing of its family in the file: the table
+    assert "seconds_per_update_cpu.csv" in row(out, "lora")  # nothing of its architecture in the file: the table
     given = write_timings(tmp_path / "given.json", [entry("m-idpg-phm", 1.8)])  # --timings replaces the default
     assert re.search(r"\s1\.50\s+\S*given.json", row(dry_run(tmp_path, capsys, TWO_METHODS, "--timings", str(given)),
                                                        "m-idpg-phm"))  # fmt: skip
@@ -145,11 +145,11 @@ def test_precision_falls_back_and_says_so():
         estimate.Measurement("gpu", "roberta.large", "prompt-tuning-5", "fp32", 16, 128, 0.3, "f"),
     ]
     assert estimate.lookup(measured, "roberta.large", "m-idpg-phm", "bf16", 16) == (phm_bf16, "m-idpg-phm")
-    # the family at the run's precision (memory-efficient fp16 is fp16) comes before the method at another
-    family = "m-idpg-dnn (family roberta_idpg)"
-    assert estimate.lookup(measured, "roberta.large", "m-idpg-phm", "fp16", 16) == (dnn_fp16, family)
-    assert estimate.lookup(measured, "roberta.large", "s-idpg-phm", "memory-efficient-fp16", 16) == (dnn_fp16, family)
-    assert estimate.lookup(measured, "roberta.large", "dpt", "fp16", 16) == (prompt_fp32, "prompt-tuning-5 (family "
+    # its architecture at the run's precision (memory-efficient fp16 is fp16) comes before the method at another
+    by_arch = "m-idpg-dnn (arch roberta_idpg)"
+    assert estimate.lookup(measured, "roberta.large", "m-idpg-phm", "fp16", 16) == (dnn_fp16, by_arch)
+    assert estimate.lookup(measured, "roberta.large", "s-idpg-phm", "memory-efficient-fp16", 16) == (dnn_fp16, by_arch)
+    assert estimate.lookup(measured, "roberta.large", "dpt", "fp16", 16) == (prompt_fp32, "prompt-tuning-5 (arch "
                                                                                          "roberta_prompt)")  # fmt: skip
     assert estimate.lookup(measured, "roberta.large", "lora", "fp16", 16) is None  # no roberta_blocks method
     assert estimate.lookup(measured, "roberta.base", "m-idpg-phm", "bf16", 16) is None  # another model
@@ -212,7 +212,7 @@ def test_a_bad_timings_file_through_sweep_sh_is_one_line(tmp_path):
 
 def test_idpg_table1_dry_run_prints_its_estimate_and_sources(tmp_path, capsys):
     """The issue's example: 1,800 runs, 51.7M updates; a fixture of the check's file (GPU, fp16) for its
-    four families; efl has fine-tuning's architecture, the adapters LoRA's (whose entry is bf16)."""
+    four architectures; efl has fine-tuning's architecture, the adapters LoRA's (whose entry is bf16)."""
     timings = write_timings(tmp_path / "t.json", [entry("m-idpg-phm", 0.12, 32, precision="fp16"),
                                                   entry("prompt-tuning-5", 0.1, 32, precision="fp16"),
                                                   entry("lora", 0.09, 32, precision="bf16"),
@@ -221,7 +221,7 @@ def test_idpg_table1_dry_run_prints_its_estimate_and_sources(tmp_path, capsys):
     out = dry_run(tmp_path, capsys, REPO / "examples" / "idpg" / "table1.yaml", "--timings", str(timings))
     assert re.search(r"^  total\s+1,800\s+51,706,495\s+1,336\.81$", out, re.M)
     assert re.search(r"\s200\s+5,787,000\s+152\.28\s+", row(out, "m-idpg-phm"))
-    assert "NVIDIA H100 (made-up figures), roberta.large, bf16 (run: fp16), lora (family roberta_blocks)" in row(
+    assert "NVIDIA H100 (made-up figures), roberta.large, bf16 (run: fp16), lora (arch roberta_blocks)" in row(
         out, "compacter"
     )
     assert "wall time at 1 parallel slot(s) (local: 1 CPU run(s)" in out and "1,336.81 h = 55.7 days" in out

@@ -171,6 +171,16 @@ def block_configs(args):
     return [cls.from_args(args) for cls in registered_blocks()]
 
 
+def blocks_turned_on(settings) -> Dict[str, BlockConfig]:
+    """``{block: config}``, in registration order, of the blocks that ``settings`` (model attributes, e.g. a
+    method's block settings; the others at the blocks' defaults) turn on."""
+    configs = {
+        name: cls(**{**cls.defaults(), **{k: v for k, v in settings.items() if k in cls.defaults()}})
+        for name, cls in BLOCKS.items()
+    }
+    return {name: config for name, config in configs.items() if config.active()}
+
+
 def block_defaults():
     return {k: v for cls in registered_blocks() for k, v in cls.defaults().items()}
 

@@ -26,9 +26,12 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from fairseq_idpg.methods import METHODS, methods_where
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SAME_WEIGHTS_ATOL = 1e-3  # fp32 logits of the same encoder in fairseq and in transformers
-PEFT_PAIRS = {"lora": "lora", "prompt-tuning": "prompt-tuning-5", "prefix-tuning": "prefix-tuning"}  # PEFT: ours
+# PEFT's method -> ours of the same kind (the records' peft_counterpart; ``peft_model`` configures each as ours)
+PEFT_PAIRS = {METHODS[name].peft_counterpart: name for name in methods_where(peft_counterpart=bool)}
 GOALS = {"peft": 1.0, "m-idpg-phm": 1.10}  # issue 22: ours/PEFT <= 1.0, M-IDPG-PHM <= 1.10 x prompt tuning
 
 

@@ -1,6 +1,6 @@
 """The check's training runs: fairseq-train as ``scripts/run.sh`` builds it, a few updates per run.
 
-Each run is the command line of ``fairseq_idpg.run.train_command`` (the method record's task,
+Each run is the fairseq-train command of ``fairseq_idpg.run.plan`` (the method record's task,
 architecture and options, its recipe's lr, Adam, clipping and schedule; the criterion
 ``sentence_prediction_metrics``) on synthetic data (``data.py``). One process runs
 ``fairseq_cli.train.cli_main`` in this interpreter (fairseq's import costs seconds; its own tests do
@@ -38,17 +38,10 @@ REFERENCE_FACTOR = 1.5  # half precision may exceed the fp32 run's largest loss 
 MIN_SANE_LOSS_SCALE = 1.0  # fairseq's fp16 starts at 2^7 and halves on each overflow
 PRECISION_FLAGS = {"fp32": (), "fp16": ("--fp16",), "bf16": ("--bf16",)}
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli.train's
-# one record per family of fairseq_idpg.methods (issue 22: prompts, IDPG, prefix/inducer, adapters,
-# LoRA, BitFit/IA3, fine-tuning)
-FAMILIES = {
-    "prompts": "prompt-tuning-5",
-    "idpg": "m-idpg-phm",
-    "inducer": "inducer",
-    "adapters": "houlsby-adapter",
-    "lora": "lora",
-    "bitfit": "bitfit",
-    "finetune": "finetune",
-}
+# one record per family of fairseq_idpg.methods (issue 22), as the records name it: {family: its representative}
+from fairseq_idpg.methods import representatives  # noqa: E402  (kept beside what it defines)
+
+FAMILIES = representatives()
 # the 1-vs-2-device comparison: IDPG's main method with every dropout off (each worker draws its own masks)
 DISTRIBUTED_METHOD = "m-idpg-phm"
 NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--pooler-dropout", "0", "--idpg-dropout", "0")
@@ -86,7 +79,6 @@ def launcher_command(setup, name, precision="fp32", nproc=1, update_freq=1, save
     """``python -m fairseq_idpg.launch ... -- DATA ... fairseq-train flags``: run.sh's command for method
     ``name`` at ``setup``'s shapes, ``nproc`` devices x ``setup.batch_size`` x ``update_freq`` per update."""
     from fairseq_idpg import run
-    from fairseq_idpg.data.task_info import TaskInfo
     from fairseq_idpg.methods import METHODS
     from fairseq_idpg.run_config import RunConfig
 
@@ -100,13 +92,8 @@ def launcher_command(setup, name, precision="fp32", nproc=1, update_freq=1, save
         total_batch=nproc * setup.batch_size * update_freq, nproc=nproc, batch_size=setup.batch_size,
         work_dir=str(setup.work), extra_args=tuple(flags),
     )  # fmt: skip
-    recipe = method.recipe.for_task("SST-2")
-    lr, batch, batch_size, freq = run.lr_and_batch(request, method, recipe)
-    info = TaskInfo.read(setup.data)
-    data = run.Data(setup.data, info, info.provenance)
-    budget = run.decide_budget(request, "SST-2", recipe, data, lr, batch, batch_size, freq)
-    backbone = run.Backbone(setup.model, setup.model.name, True, run.model_dims(setup.model / "model.pt"))
-    return run.train_command(request, method, recipe, backbone, setup.data, budget, save or setup.work / name)
+    given = dict(backbone=run.backbone_at(setup.model), data=run.prepared(setup.data), folder=save or setup.work / name)
+    return run.plan(request, log=run.quiet, **given).train
 
 
 def fairseq_train_argv(launcher, cpu):

@@ -11,19 +11,24 @@ change of the frozen weights and is refused in one line.
 """
 
 from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.methods import METHODS, methods_where
 
-MERGEABLE = ("lora", "bitfit")
+# the blocks of the records that fold into the frozen weights (Method.merges_into_backbone): LoRA's, BitFit's
+MERGEABLE = tuple(
+    dict.fromkeys(block for name in methods_where(merges_into_backbone=True) for block in METHODS[name].blocks)
+)
 
 
 def check_mergeable(run):
-    """One line unless ``run`` (``trained.TrainedRun``) holds only LoRA and BitFit."""
+    """One line unless ``run`` (``trained.TrainedRun``) holds only ``MERGEABLE`` blocks (LoRA, BitFit)."""
+    mergeable = " and ".join(MERGEABLE)
     configs = getattr(run.model, "block_configs", None)
     if configs is None:
-        raise ConfigError(f"{run.options.get('arch')}: only roberta_blocks runs with LoRA or BitFit fold into weights")
+        raise ConfigError(f"{run.options.get('arch')}: only roberta_blocks runs with {mergeable} fold into weights")
     other = sorted(c.name for c in configs if c.active() and c.name not in MERGEABLE)
     if other:
         raise ConfigError(
-            f"this run has {', '.join(other)} besides LoRA/BitFit: only LoRA and BitFit fold into the frozen weights"
+            f"this run has {', '.join(other)} besides {mergeable}: only {mergeable} fold into the frozen weights"
         )
 
 
