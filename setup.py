@@ -59,7 +59,7 @@ setup(
         "pandas",  # python -m fairseq_idpg.results
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
     ],
-    package_data={"fairseq_idpg": ["published/*.yaml"]},
+    package_data={"fairseq_idpg": ["published/*.yaml", "run/settings_before_hashing.json"]},
     # peft: scripts/check_gpu.sh times our LoRA / prompt tuning against Hugging Face PEFT's.
     # interop: the cross-checks against PEFT and AdapterHub (tests/test_interop.py, scripts/export_peft.py),
     # pinned to versions that install together from the package index (adapters 1.3.0 needs transformers

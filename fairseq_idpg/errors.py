@@ -6,7 +6,7 @@ the flag names) raises ``ConfigError`` with one line naming the flag or file and
 Each entry point's own kind is a subclass, so that a caller catches them all as ``ConfigError``:
 
 - ``PrepareError``: prepare_data.py (``preprocessing/formats.py``);
-- ``RunError``: scripts/run.sh (``run_config.py``), which also passes on the one line of a command it ran;
+- ``RunError`` (below): scripts/run.sh (``fairseq_idpg/run/``), which also passes on the one line of a command it ran;
 - ``SweepError``: scripts/sweep.sh (``sweep.py``);
 - ``RecordsError``, ``PublishedError``: the results command (``results/records.py``, ``results/published.py``);
 - ``ConversionError``: the checkpoint converter (``conversion/errors.py``);
@@ -32,8 +32,13 @@ from fairseq_idpg_compat import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 __all__ = [
-    "ConfigError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks", "one_line_errors", "refuse",
+    "ConfigError", "RunError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks",
+    "one_line_errors", "refuse",
 ]  # fmt: skip
+
+
+class RunError(ConfigError):
+    """A bad request to scripts/run.sh, reported as one line before anything runs (``run.sh: error: ...``, exit 2)."""
 
 
 class MissingFile(ConfigError, FileNotFoundError):

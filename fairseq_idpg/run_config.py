@@ -22,15 +22,12 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Tuple
 
-from fairseq_idpg.errors import ConfigError
-from fairseq_idpg.preprocessing.formats import LMBFF, TASKS
+from fairseq_idpg.errors import RunError
+from fairseq_idpg.layout import LMBFF_TASKS, REPO
+from fairseq_idpg.preprocessing.formats import TASKS
 
-REPO = Path(__file__).resolve().parents[1]
-# GLUE's tasks (raw folder $GLUE_DIR/<TASK>) and LM-BFF's (raw folder $LMBFF_DIR/<task>)
-LMBFF_TASKS = {name: name.lower() for name, spec in TASKS.items() if spec.files == LMBFF}
 GLUE_TASKS = [name for name in TASKS if name not in LMBFF_TASKS]
 GROUPS = {  # the groups of --help, in order (None: the parser's own)
     None: None,
@@ -41,14 +38,17 @@ GROUPS = {  # the groups of --help, in order (None: the parser's own)
 POSITIVE, NON_NEGATIVE = "> 0", ">= 0"
 
 
-class RunError(ConfigError):
-    """A bad request, reported as one line before anything runs (``run.sh: error: ...``, exit 2)."""
-
-
-def option(default=None, help="", group=None, *, metavar=None, check=None, excludes=None, shown=False, config=False):
+def option(
+    default=None, help="", group=None, *, metavar=None, check=None, excludes=None, shown=False, config=False,
+    fairseq=False,
+):  # fmt: skip
     """A run.sh flag as a dataclass field. ``check``: POSITIVE or NON_NEGATIVE; ``excludes``: (the other
-    field, why); ``shown``: always written by ``argv()``; ``config``: part of the run's configuration."""
-    meta = dict(help=help, group=group, metavar=metavar, check=check, excludes=excludes, shown=shown, config=config)
+    field, why); ``shown``: always written by ``argv()``; ``config``: part of the run's configuration;
+    ``fairseq``: a fairseq-train flag of the same name, read (typed and checked) from ``extra_args``, where it
+    stays as given: it reaches fairseq-train as before, and a run that passed it through before it became a
+    field keeps its folder (its config.json, and so its hash, is unchanged)."""
+    meta = dict(help=help, group=group, metavar=metavar, check=check, excludes=excludes, shown=shown, config=config,
+                fairseq=fairseq)  # fmt: skip
     return field(default=default, metadata=meta) if default is not dataclasses.MISSING else field(metadata=meta)
 
 
@@ -81,8 +81,24 @@ def _flags_set(cls, argv):
     sweep applies a variant's flags to each of its runs (1,800 parsers took half of table1's dry run)."""
     unset = object()  # a default argparse leaves as it is: the fields no flag sets keep it
     defaults = {f.name: unset for f, _ in cls.options() if f.default is not dataclasses.MISSING}
-    args, extra = cls.parser(defaults=defaults).parse_known_args(["-", *argv])
+    args, extra = cls.parser(defaults=defaults, fairseq=False).parse_known_args(["-", *argv])
     return {k: v for k, v in vars(args).items() if k != "task" and v is not unset}, tuple(extra)
+
+
+@functools.lru_cache(maxsize=256)
+def _fairseq_flags_given(cls, extra_args):
+    """{field: value} of the ``fairseq=True`` fields that ``extra_args`` set (the last value given wins)."""
+    fields = [(f, kind) for f, kind in cls.options() if f.metadata["fairseq"]]
+    p = argparse.ArgumentParser(prog="scripts/run.sh", add_help=False, allow_abbrev=False)
+    p.error = _raise
+    for f, kind in fields:
+        p.add_argument(_flag(f.name), type=kind, default=None)
+    args, _ = p.parse_known_args(list(extra_args))
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
 
 
 # fmt: off
@@ -127,8 +143,28 @@ class RunConfig:
     work_dir: str = option(str(REPO), "where data-bin/ and checkpoints/ go (default: the checkout)", "run")
     restart: bool = option(False, "remove this configuration's folder and train again", "run")
     dry_run: bool = option(False, "print the budget and the fairseq-train command; run nothing", "run")
+    # fairseq-train's flags that run.sh also reads (fairseq=True: they stay in extra_args, where they were given)
+    validate_interval_updates: Optional[int] = option(None, "validate every N updates (fairseq-train's flag; the "
+                                                      "stand-in's default: 3 times a run)", "budget", metavar="N",
+                                                      check=POSITIVE, fairseq=True)
+    save_interval_updates: Optional[int] = option(None, "save a resumable checkpoint every N updates (fairseq-train's "
+                                                  "flag; the stand-in's default: at each validation)", "budget",
+                                                  metavar="N", check=POSITIVE, fairseq=True)
     extra_args: Tuple[str, ...] = ()  # the other flags: fairseq-train's, as given
     # fmt: on
+
+    def __post_init__(self):
+        """The ``fairseq=True`` fields are what ``extra_args`` gives them; one given as a field only (a sweep's
+        row, ``RunConfig(..., validate_interval_updates=50)``) is appended there, as the last flag."""
+        given, extra = _fairseq_flags_given(type(self), tuple(self.extra_args)), tuple(self.extra_args)
+        for f, _ in self.options():
+            if not f.metadata["fairseq"]:
+                continue
+            value = getattr(self, f.name)
+            if value is not None and value != given.get(f.name):
+                extra += (_flag(f.name), str(value))
+            object.__setattr__(self, f.name, value if value is not None else given.get(f.name))
+        object.__setattr__(self, "extra_args", extra)
 
     # ------------------------------------------------------------------------------------ the flags
     @classmethod
@@ -137,9 +173,9 @@ class RunConfig:
         return _flag_fields(cls)
 
     @classmethod
-    def parser(cls, description=None, epilog=None, defaults=None):
-        """run.sh's argparse parser, one argument per field (``defaults`` replace the fields' own); a bad
-        value is a RunError."""
+    def parser(cls, description=None, epilog=None, defaults=None, fairseq=True):
+        """run.sh's argparse parser, one argument per field (``defaults`` replace the fields' own; ``fairseq``
+        False: without the fields that stay in ``extra_args``); a bad value is a RunError."""
         p = argparse.ArgumentParser(
             prog="scripts/run.sh", description=description, epilog=epilog, allow_abbrev=False,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -148,6 +184,8 @@ class RunConfig:
         groups = {name: p if title is None else p.add_argument_group(title) for name, title in GROUPS.items()}
         for f, kind in cls.options():
             meta, default = f.metadata, (defaults or {}).get(f.name, f.default)
+            if meta["fairseq"] and not fairseq:
+                continue
             if f.default is dataclasses.MISSING:
                 groups[meta["group"]].add_argument(f.name, help=meta["help"])
                 continue
@@ -162,21 +200,26 @@ class RunConfig:
     @classmethod
     def from_argv(cls, argv, **parser_text):
         """run.sh's command line; flags that are not run.sh's are kept, in order, as ``extra_args``."""
-        args, extra = cls.parser(**parser_text).parse_known_args(argv)
+        if "-h" in argv or "--help" in argv:
+            cls.parser(**parser_text).parse_known_args(argv)  # prints every flag and exits
+        args, extra = cls.parser(**parser_text, fairseq=False).parse_known_args(argv)
         return cls(**vars(args), extra_args=tuple(extra))
 
     def with_flags(self, argv):
         """This request with run.sh flags applied (a sweep's ``args``): the last value given wins, as on
         a command line; the others are appended to ``extra_args``."""
         changes, extra = _flags_set(type(self), tuple(argv))
-        return dataclasses.replace(self, **changes, extra_args=(*self.extra_args, *extra))
+        again = {f.name: None for f, _ in self.options() if f.metadata["fairseq"]}  # read from extra_args again
+        return dataclasses.replace(self, **changes, **again, extra_args=(*self.extra_args, *extra))
 
     def argv(self):
         """The run.sh command line of this request (its fields not at their default, and the ``shown`` ones)."""
         argv = [self.task]
         for f, kind in self.options():
             value = getattr(self, f.name)
-            if f.default is dataclasses.MISSING or (value == f.default and not f.metadata["shown"]):
+            if f.default is dataclasses.MISSING or f.metadata["fairseq"]:  # the latter: in extra_args
+                continue
+            if value == f.default and not f.metadata["shown"]:
                 continue
             flag = "--" + f.name.replace("_", "-")
             argv += [flag] if kind is bool else [flag, str(value)]

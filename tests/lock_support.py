@@ -1,5 +1,5 @@
 """A run folder held by another process, as a sweep's or run.sh's run.py holds it while it trains
-(fairseq_idpg/run.py: ``run_folder_lock``), for the tests of what a second process does. No tests here.
+(fairseq_idpg/run/execution.py: ``run_folder_lock``), for the tests of what a second process does. No tests here.
 
 with held_by_another_process(folder):   # folder/.lock held by a child process until the block ends
     ...
@@ -9,7 +9,7 @@ import contextlib
 import subprocess
 import sys
 
-from fairseq_idpg.run import RUN_LOCK
+from fairseq_idpg.run.execution import RUN_LOCK
 
 
 @contextlib.contextmanager

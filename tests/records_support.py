@@ -1,4 +1,4 @@
-"""Run records as fairseq_idpg/run.py writes them (results.json), with chosen scores, for the results tests.
+"""Run records as fairseq_idpg/run/record.py writes them (results.json), with chosen scores, for the results tests.
 
 write_record(tmp_path, task="RTE", method="dpt", lr=1e-3, seed=2, dev=70.0)      # full data: dev reported
 write_record(tmp_path, few_shot=100, data_seed=3, dev=60.0, test=58.0)          # sampled: test reported

@@ -434,7 +434,7 @@ def test_dry_run_names_what_is_missing(world, tmp_path, case):
 def test_refused_by_fairseq_train_leaves_no_run_folder(world, tmp_path):
     """What only fairseq-train can check (the prepared data against --num-classes) is said once, by run.sh,
     and the run folder made for it is removed (the prepared data stays: it is right)."""
-    from fairseq_idpg.run import data_folder, model_name
+    from fairseq_idpg.layout import data_folder, model_name
 
     # the data run.sh would prepare from the same rows: reused (its task.json records the same raw files)
     shutil.copytree(world.data, data_folder(tmp_path / "work", model_name(str(world.tiny.folder)), "SST-2"))

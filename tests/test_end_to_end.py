@@ -90,7 +90,7 @@ def test_each_task_runs_with_its_metric(glue_slices, tmp_path, task, metric):
 
 
 def _shown(results):
-    from fairseq_idpg.run import SHOWN_METRICS
+    from fairseq_idpg.run.record import SHOWN_METRICS
 
     return {k: v for k, v in results["results"]["valid"].items() if k in SHOWN_METRICS}
 

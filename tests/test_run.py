@@ -1,4 +1,4 @@
-"""The main job (scripts/run.sh, fairseq_idpg/run.py): each method's recipe in the fairseq-train command
+"""The main job (scripts/run.sh, fairseq_idpg/run/): each method's recipe in the fairseq-train command
 (dry runs, no checkpoint or data needed), one folder per configuration, explicit values checked,
 prepared data that follows its raw files, live output, and, end to end on a slice of SST-2 with the
 offline stand-in (slow): seeds in separate folders, a cached second call, kill -9 then resume."""
@@ -19,9 +19,14 @@ import pytest
 import torch
 from lock_support import held_by_another_process
 
+from fairseq_idpg import layout
 from fairseq_idpg import run as main_job
 from fairseq_idpg.logs import read_log, validate_scores, validations
 from fairseq_idpg.methods import FINETUNE_TABLE, METHODS
+from fairseq_idpg.run import backbone, execution
+from fairseq_idpg.run.execution import InUse, checkpoint_updates, divergence
+from fairseq_idpg.run.prepared import prepare_if_needed
+from fairseq_idpg.run.processes import TrainingEta, tee
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_SH = REPO / "scripts" / "run.sh"
@@ -276,7 +281,7 @@ def test_scores_are_numbers():
 # ---------------------------------------------------------------------------------------- live output
 def test_eta_from_the_rate_of_updates():
     clock = iter([100.0, 110.0, 130.0, 160.0]).__next__
-    progress = main_job.TrainingEta(100, clock=clock)
+    progress = TrainingEta(100, clock=clock)
     assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
         "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
     )
@@ -308,7 +313,7 @@ def test_output_reaches_the_log_line_by_line_while_the_command_runs(tmp_path, ca
     watcher = threading.Thread(target=poll)
     watcher.start()
     try:
-        seconds, _ = main_job.tee([sys.executable, "-c", CHILD], log, progress=main_job.TrainingEta(6))
+        seconds, _ = tee([sys.executable, "-c", CHILD], log, progress=TrainingEta(6))
     finally:
         done.set()
         watcher.join()
@@ -323,7 +328,7 @@ def test_interrupted_command_leaves_its_log(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it): exit 130, the log keeps what was printed."""
     log = tmp_path / "train.log"
     script = (
-        "import sys\nfrom fairseq_idpg import run\n"
+        "import sys\nfrom fairseq_idpg.run import processes as run\n"
         "try:\n"
         f"    run.tee([sys.executable, '-c', 'import time\\nprint(\"first\")\\ntime.sleep(60)'], {str(log)!r})\n"
         "except run.RunError as e:\n    print('error:', e)\n    sys.exit(130)\n"
@@ -360,18 +365,18 @@ def test_data_prepared_again_when_its_raw_files_or_bpe_differ(shared_data, tiny,
     data = tmp_path / "data-bin" / "SST-2"
     bpe = ["--bpe", "wordpiece", "--vocab", tiny.folder / "vocab.txt"]
 
-    info, reasons, _, seconds = main_job.prepare_if_needed("SST-2", first, data, bpe)
+    info, reasons, _, seconds = prepare_if_needed("SST-2", first, data, bpe)
     assert reasons == ["not prepared yet"] and seconds is not None and info.splits == {"train": 20, "valid": 8}
     recorded = info.provenance
     assert recorded["raw"] == str(first.resolve()) and recorded["bpe"] == "wordpiece"
     assert set(recorded["raw_sha256"]) == {"train.tsv", "dev.tsv"} and set(recorded["bpe_sha256"]) == {"vocab.txt"}
 
-    assert main_job.prepare_if_needed("SST-2", first, data, bpe)[1:4:2] == ([], None)  # up to date: kept
+    assert prepare_if_needed("SST-2", first, data, bpe)[1:4:2] == ([], None)  # up to date: kept
     copy = shutil.copytree(first, tmp_path / "copy")  # the same files elsewhere: the same data
-    assert main_job.prepare_if_needed("SST-2", copy, data, bpe)[1] == []
+    assert prepare_if_needed("SST-2", copy, data, bpe)[1] == []
 
     other = write_slice(tmp_path / "raw2", sst2, {"train.tsv": 30, "dev.tsv": 8})
-    info, reasons, _, seconds = main_job.prepare_if_needed("SST-2", other, data, bpe)
+    info, reasons, _, seconds = prepare_if_needed("SST-2", other, data, bpe)
     assert reasons == [
         f"raw file(s) train.tsv differ by sha256 (prepared from {first.resolve()}, now {other.resolve()})"
     ]
@@ -382,17 +387,17 @@ def test_data_prepared_again_when_its_raw_files_or_bpe_differ(shared_data, tiny,
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "vocab.txt").write_text((tiny.folder / "vocab.txt").read_text() + "extra-token\n")
     bpe = [*bpe[:3], tmp_path / "v" / "vocab.txt"]
-    reasons = main_job.prepare_if_needed("SST-2", other, data, bpe)[1]
+    reasons = prepare_if_needed("SST-2", other, data, bpe)[1]
     assert reasons == ["the wordpiece BPE files (vocab.txt) differ by sha256"]
 
     # sampling is part of it too, and a folder that is not prepared data is never replaced
-    few = main_job.prepare_if_needed("SST-2", other, data, bpe, dev_from_train=5, data_seed=3)
+    few = prepare_if_needed("SST-2", other, data, bpe, dev_from_train=5, data_seed=3)
     assert few[1] == ["--dev-from-train None -> 5", "sampling seed None -> 3"] and few[0].splits["valid"] == 5
     stranger = tmp_path / "notdata"
     stranger.mkdir()
     (stranger / "keep.txt").write_text("x")
     with pytest.raises(main_job.RunError, match="exists but holds no task.json"):
-        main_job.prepare_if_needed("SST-2", other, stranger, bpe)
+        prepare_if_needed("SST-2", other, stranger, bpe)
     assert os.listdir(stranger) == ["keep.txt"]
 
 
@@ -414,9 +419,9 @@ def test_damaged_checkpoint_last_names_the_file_and_counts_the_newest_intact_one
         torch.save({"optimizer_history": [{"num_updates": updates}], "extra_state": {"train_iterator": {}}},
                    tmp_path / name)  # fmt: skip
     last = tmp_path / "checkpoint_last.pt"
-    assert main_job.checkpoint_updates(last) == (6, last)
+    assert checkpoint_updates(last) == (6, last)
     last.write_bytes(last.read_bytes()[:100])
-    assert main_job.checkpoint_updates(last) == (4, tmp_path / "checkpoint_1_4.pt")
+    assert checkpoint_updates(last) == (4, tmp_path / "checkpoint_1_4.pt")
     out = capsys.readouterr().out
     assert out.startswith(f"warning: {last} is damaged (truncated or unreadable: ") and out.endswith(
         f"; 100 bytes); the newest intact checkpoint is {tmp_path / 'checkpoint_1_4.pt'}\n"
@@ -424,7 +429,7 @@ def test_damaged_checkpoint_last_names_the_file_and_counts_the_newest_intact_one
     for name in ("checkpoint_best.pt", "checkpoint_1_4.pt"):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(main_job.RunError, match=r"is damaged .* and no intact checkpoint is left; --restart trains"):
-        main_job.checkpoint_updates(last)
+        checkpoint_updates(last)
 
 
 # ---------------------------------------------------------------------------------------- end to end (slow)
@@ -432,10 +437,10 @@ def test_damaged_checkpoint_last_names_the_file_and_counts_the_newest_intact_one
 SMALL = ["--method", "lora", "--max-update", "6", "--total-batch", "8", "--validate-interval-updates", "3"]
 
 
-def start(work, raw, *args, log):
+def start(work, raw, *args, log, env=None):
     """scripts/run.sh SST-2 in its own session (so kill -9 reaches fairseq-train), output to ``log``."""
     cmd = ["bash", str(RUN_SH), "SST-2", "--raw", str(raw), "--work-dir", str(work), *SMALL, *args]
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def finish(proc, log, timeout=900):
@@ -581,6 +586,48 @@ def test_kill_then_the_same_command_resumes_to_the_same_weights(first_run):
     assert log.count("# ") >= 2 and {1, 6} <= updates  # both sessions
 
 
+# what an edit of methods.py does to every process of a run (run.sh, fairseq-train, fairseq-validate)
+LORA_RANK_4 = """import dataclasses
+from fairseq_idpg import methods
+lora = methods.METHODS["lora"]
+methods.METHODS["lora"] = dataclasses.replace(lora, preset={**lora.preset, "lora_rank": 4})
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
+def test_a_changed_preset_trains_a_new_run_never_the_cached_one(first_run, tmp_path):
+    """The lora record's preset changed (rank 16 -> 4): the same scripts/run.sh command trains a new run in a
+    new folder, where it reported the rank-16 run's score as cached before the preset was part of the hash."""
+    work = tmp_path / "work"  # a copy of the finished run: the other tests find one run in first_run's
+    shutil.copytree(first_run["work"] / "data-bin", work / "data-bin")
+    cached = work / first_run["folder"].relative_to(first_run["work"])
+    shutil.copytree(first_run["folder"], cached)
+    out = finish(start(work, first_run["raw"], log=tmp_path / "same.out"), tmp_path / "same.out", timeout=300)
+    assert "cached: this configuration finished on" in out  # the copy is the finished run
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(LORA_RANK_4)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")])),
+    }
+    out = finish(start(work, first_run["raw"], log=tmp_path / "rank4.out", env=env), tmp_path / "rank4.out")
+    assert "cached:" not in out
+    (new,) = [f for f in main_job.find_runs(work, "standin", "SST-2", "lora") if f != cached]
+    assert new.name.startswith("lr2e-4.seed1.") and new.name != cached.name
+    config = json.loads((new / "config.json").read_text())
+    assert config["method"]["settings"]["lora_rank"] == 4 and config["extra_args"] == [
+        "--validate-interval-updates",
+        "3",
+    ]
+    tensors, _ = trained(new)
+    assert {v.shape[0] for k, v in tensors.items() if k.endswith(".A")} == {4}  # the rank-4 model trained
+    assert json.loads((cached / "results.json").read_text())["config"]["method"].get("settings", {}).get(
+        "lora_rank"
+    ) in (None, 16)
+
+
 # ---------------------------------------------------------------------------------------- divergence
 def train_line(updates, loss, tag="train_inner"):
     stats = {"epoch": 1, "update": f"{updates}.0", "loss": loss, "num_updates": str(updates), "lr": "1e+06"}
@@ -606,8 +653,8 @@ def train_line(updates, loss, tag="train_inner"):
 )  # fmt: skip
 def test_divergence_is_read_from_the_training_log(tmp_path, log, expected):
     (tmp_path / "train.log").write_text(log)
-    assert main_job.divergence(tmp_path / "train.log") == expected
-    assert main_job.divergence(tmp_path / "absent.log") is None
+    assert divergence(tmp_path / "train.log") == expected
+    assert divergence(tmp_path / "absent.log") is None
 
 
 def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatch):
@@ -624,8 +671,8 @@ def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatc
         (p.folder / "crash.pt").write_bytes(b"state")
         raise main_job.RunError("command failed with exit code 1: fairseq-train ...")
 
-    monkeypatch.setattr(main_job, "train", diverging_train)
-    monkeypatch.setattr(main_job, "score", lambda p: pytest.fail("a diverged run is not scored"))
+    monkeypatch.setattr(execution, "train", diverging_train)
+    monkeypatch.setattr(execution, "score", lambda p: pytest.fail("a diverged run is not scored"))
     assert main_job.execute(plan) == 0
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
@@ -648,7 +695,7 @@ def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
     A dry run builds nothing."""
     monkeypatch.setenv("GLUE_DIR", str(glue_slices))
     folder = tmp_path / "models" / "minilm-l6-fairseq"
-    monkeypatch.setattr(main_job, "STANDIN_DIR", folder)
+    monkeypatch.setattr(layout, "STANDIN_DIR", folder)
     built = []
 
     def build(cmd, log=print):  # scripts/build_standin.sh FOLDER, without its 25 s: the built files
@@ -659,7 +706,7 @@ def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
             shutil.copy(standin_model / name, folder / name)
         return 0.0
 
-    monkeypatch.setattr(main_job, "call", build)
+    monkeypatch.setattr(backbone, "call", build)
     argv = ["RTE", "--method", "prompt-tuning-5", "--max-update", "2", "--work-dir", str(tmp_path / "work")]
     assert main_job.check(main_job.parse_args([*argv, "--dry-run"])).missing == []  # the stand-in: not missing
     assert built == [] and not folder.exists()
@@ -679,8 +726,8 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
             folder=folder, request=types.SimpleNamespace(restart=True, model="standin", method="lora", seed=1),
             config={"updates": 4, "layout": None}, timings={}, argv=["RTE"],
         )  # fmt: skip
-        monkeypatch.setattr(main_job, "train", lambda p: pytest.fail("trained a folder in use"))
-        with pytest.raises(main_job.InUse) as refused:  # run.py's exit status 75, which a sweep skips
+        monkeypatch.setattr(execution, "train", lambda p: pytest.fail("trained a folder in use"))
+        with pytest.raises(InUse) as refused:  # run.py's exit status 75, which a sweep skips
             main_job.execute(plan)
         assert str(refused.value) == (
             f"{folder} is in use: another process (a sweep or run.sh with this configuration) is training or "
@@ -688,8 +735,8 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
         )
         assert (folder / "config.json").read_text() == "the other process's\n"  # not even --restart touched it
     trained = []
-    monkeypatch.setattr(main_job, "train", lambda p: trained.append(p.folder))
-    monkeypatch.setattr(main_job, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))
+    monkeypatch.setattr(execution, "train", lambda p: trained.append(p.folder))
+    monkeypatch.setattr(execution, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))
     with pytest.raises(main_job.RunError, match="^scored$"):
         main_job.execute(plan)  # --restart emptied the folder (its lock kept) and trained it
     assert trained == [folder] and json.loads((folder / "config.json").read_text()) == plan.config

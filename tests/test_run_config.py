@@ -4,6 +4,7 @@ folder's name) and the fairseq-train command that scripts/run.sh plans stay exac
 when the run folders on disk were made; and every committed run record is reproduced by planning its
 own command again. Dry runs: nothing is trained or prepared."""
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_idpg import run as main_job
+from fairseq_idpg.run.identity import SETTINGS_BEFORE_HASHING, settings_before_hashing
 from fairseq_idpg.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +112,9 @@ def as_recorded(config, record):
         del config["model"]["weights_sha256"]
     config["data"]["folder"] = record["config"]["data"]["folder"]
     config["data"]["provenance"]["raw"] = record["config"]["data"]["provenance"]["raw"]
+    if "settings" not in record["config"]["method"]:  # recorded before the model settings: they were these
+        assert config["method"]["settings"] == settings_before_hashing()[record["method"]], record["run"]
+        del config["method"]["settings"]
     return config
 
 
@@ -159,3 +164,59 @@ def test_request_round_trips_through_its_command_line():
     assert RunConfig.from_argv(request.argv()) == request
     assert request.argv()[:7] == ["RTE", "--method", "lora", "--model", "standin", "--seed", "2"]
     assert RunConfig.from_argv(["rte"]).argv() == ["rte", "--method", "finetune", "--model", "standin", "--seed", "1"]
+
+
+# ---------------------------------------------------------------------------------------- identity
+def test_the_settings_of_runs_named_before_them_are_frozen():
+    """settings_before_hashing.json keeps the folders of runs named before the model settings were hashed:
+    editing it would rename them (or reuse a changed run's result), so it never changes."""
+    digest = hashlib.sha256(SETTINGS_BEFORE_HASHING.read_bytes()).hexdigest()
+    assert digest[:16] == "a64c49712c2d3f31"
+
+
+def test_a_changed_preset_or_default_is_another_run(shared_data, standin, tmp_path, monkeypatch):
+    """Everything the model is built with is in config.json and its hash: a record's preset (IDPG's m = 16 ->
+    32), a family default the record relies on (the generator's dropout), an option given on top of the
+    preset; where M(x) is cached is not."""
+    from fairseq_idpg.methods import METHODS
+    from fairseq_idpg.models.roberta_idpg import DEFAULTS
+
+    argv = GOLDEN["frozen"][0]
+    config, folder, _ = planned(argv, tmp_path)
+    assert config["method"]["settings"]["idpg_hidden"] == 16 and config["method"]["settings"]["idpg_dropout"] == 0.1
+    record = METHODS["m-idpg-phm"]
+    monkeypatch.setitem(METHODS, record.name, dataclasses.replace(record, preset={**record.preset, "idpg_hidden": 32}))
+    changed, other, _ = planned(argv, tmp_path)
+    assert changed["method"]["settings"]["idpg_hidden"] == 32 and other.name != folder.name
+    monkeypatch.setitem(METHODS, record.name, record)
+    monkeypatch.setitem(DEFAULTS, "idpg_dropout", 0.2)
+    changed, default, _ = planned(argv, tmp_path)
+    assert changed["method"]["settings"]["idpg_dropout"] == 0.2 and default.name not in (folder.name, other.name)
+    monkeypatch.setitem(DEFAULTS, "idpg_dropout", 0.1)
+    monkeypatch.setitem(DEFAULTS, "idpg_cache", "memory")
+    assert planned(argv, tmp_path)[1].name == folder.name
+    lowrank = dataclasses.replace(record, name="m-idpg-phm", options={**record.options, "idpg_layer_bias_rank": 2})
+    monkeypatch.setitem(METHODS, record.name, lowrank)
+    assert planned(argv, tmp_path)[1].name not in (folder.name, other.name, default.name)
+
+
+def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, standin, tmp_path, capsys):
+    """--validate-interval-updates went to fairseq-train as an extra flag when GOLDEN["extra-flags"] was
+    pinned (its hash, test above); as a run option (typed, checked, read by run.sh) it stays in extra_args
+    where it was given, so that run keeps its folder, and the same request made as a sweep's row is equal."""
+    argv = GOLDEN["extra-flags"][0]
+    request = RunConfig.from_argv(argv)
+    assert request.validate_interval_updates == 3 and request.save_interval_updates is None
+    assert request.extra_args == ("--validate-interval-updates", "3", "--dropout", "0.2")
+    assert RunConfig("SST-2", "lora").with_flags(argv[3:]) == request and RunConfig.from_argv(request.argv()) == request
+    assert RunConfig.from_argv([*argv, "--validate-interval-updates", "5"]).validate_interval_updates == 5
+    field_only = RunConfig("SST-2", "lora", validate_interval_updates=3)
+    assert field_only.extra_args == ("--validate-interval-updates", "3")
+    config, folder, command = planned(argv, tmp_path / "work")
+    assert config["extra_args"] == list(request.extra_args) and "validate_interval_updates" not in config
+    assert RunConfig.from_config(config).validate_interval_updates == 3
+    for bad, message in (("0", "--validate-interval-updates must be > 0, got 0"),
+                         ("x", "argument --validate-interval-updates: invalid int value: 'x'")):  # fmt: skip
+        assert main_job.main(["RTE", "--validate-interval-updates", bad, "--work-dir", str(tmp_path / "w")]) == 2
+        assert capsys.readouterr().err == f"run.sh: error: {message}\n"
+    assert not (tmp_path / "w").exists()

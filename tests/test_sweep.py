@@ -21,6 +21,7 @@ from fairseq_idpg import run as main_job
 from fairseq_idpg import sweep
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.results.records import default_budget
+from fairseq_idpg.run.execution import RUN_LOCK
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*/*.yaml"))
@@ -372,7 +373,7 @@ def test_a_second_sweep_skips_a_run_another_process_trains(smoke, tmp_path):
     progress = "[sweep smoke] 1/2 done (0 cached, 1 diverged), 0 running, 0 failed, 1 in use elsewhere, 0 left"
     assert progress in done.stdout
     assert "1 run(s) in use by another process (another sweep or run.sh), skipped: run this sweep again" in done.stdout
-    assert sorted(p.name for p in held.iterdir()) == [main_job.RUN_LOCK]  # nothing written in the held folder
+    assert sorted(p.name for p in held.iterdir()) == [RUN_LOCK]  # nothing written in the held folder
     assert (Path(folders[1]) / "results.json").is_file() and len(records_of(tmp_path)) == 1
     failures = smoke["work"] / "sweeps" / "smoke" / "failures.json"
     assert not failures.is_file() or json.loads(failures.read_text()) == {}  # skipped is not failed

@@ -108,6 +108,12 @@ class FrozenBackboneRobertaModel(RobertaModel):
     """``RobertaModel`` whose original parameters are frozen (see the module docstring)."""
 
     num_inserted_tokens = 0  # positions the model inserts into each input (tasks/model_protocol.py)
+    RUNTIME_OPTIONS = ()  # options that change how, not what, the model computes: not part of a run's identity
+
+    @classmethod
+    def resolve_settings(cls, args):
+        """Fill ``args``'s model settings left unset (a family's preset, then its defaults): what a run's
+        identity records of the model (``fairseq_idpg/run/identity.py``). None here."""
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)

@@ -80,6 +80,10 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
         resolve_preset(args, cls.presets(), cls.PRESET_OPTION, defaults, default=cls.DEFAULT_PRESET)
 
     @classmethod
+    def resolve_settings(cls, args):
+        cls.configure(args)
+
+    @classmethod
     def check_args(cls, args, task):
         """The subclass's build-time checks: ValueError with one line naming the flag."""
 

@@ -96,6 +96,10 @@ class RobertaBlocksModel(FrozenBackboneRobertaModel):
         registration order (``fairseq_idpg.methods.presets_of``, read when used)."""
         return presets_of(cls.PRESET_OPTION)
 
+    @classmethod
+    def resolve_settings(cls, args):
+        resolve(args)
+
     @staticmethod
     def add_args(parser):
         FrozenBackboneRobertaModel.add_args(parser)

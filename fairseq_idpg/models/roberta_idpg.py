@@ -92,6 +92,7 @@ class RobertaIdpgModel(PromptedRobertaModel):
 
     PROMPT_LENGTH = "idpg_prompt_length"
     PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "m-idpg-phm"
+    RUNTIME_OPTIONS = ("idpg_cache", "idpg_cache_dir")  # where M(x) is kept, not what it is
 
     @staticmethod
     def add_args(parser):

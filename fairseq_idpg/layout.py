@@ -1,0 +1,88 @@
+"""The checkout's layout: where raw data, models, BPE files, prepared data and runs are by default.
+
+The one module that knows the checkout (``REPO``) and what lies beside it (``../shared``); every other
+part of the run takes these paths as arguments.
+"""
+
+import os
+from pathlib import Path
+
+from fairseq_idpg.errors import RunError
+from fairseq_idpg.preprocessing.formats import LMBFF, TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+# LM-BFF's tasks, whose raw folder is $LMBFF_DIR/<task> (GLUE's: $GLUE_DIR/<TASK>)
+LMBFF_TASKS = {name: name.lower() for name, spec in TASKS.items() if spec.files == LMBFF}
+SHARED = REPO.parent / "shared"
+
+
+SHARED_DATA = SHARED / "data"
+
+
+STANDIN_DIR = REPO / "models" / "minilm-l6-fairseq"
+
+
+def raw_dir(task, raw=None):
+    if raw:
+        path = Path(raw)
+    elif task in LMBFF_TASKS:
+        base = os.environ.get("LMBFF_DIR")
+        path = Path(base) / LMBFF_TASKS[task] if base else SHARED_DATA / "lmbff" / LMBFF_TASKS[task]
+    else:
+        base = os.environ.get("GLUE_DIR")
+        path = Path(base) / task if base else SHARED_DATA / "glue" / task
+    if not path.is_dir():
+        raise RunError(
+            f"raw data for {task} not found at {path} (give --raw DIR, set $GLUE_DIR/$LMBFF_DIR, "
+            f"or run scripts/download.sh glue / lmbff)"
+        )
+    return path
+
+
+def model_dir(model):
+    if model == "standin":
+        return STANDIN_DIR
+    if model in ("roberta.base", "roberta.large"):
+        return REPO / "models" / model
+    return Path(model)
+
+
+def model_name(model):
+    """The model's folder under data-bin/ and checkpoints/."""
+    return "standin" if model == "standin" else model_dir(model).name
+
+
+def bpe_args(mdir, bpe_dir=None, model=None):
+    """prepare_data.py's BPE flags for a model folder: WordPiece with its vocab.txt (the stand-in),
+    else RoBERTa's GPT-2 BPE (``--bpe-dir``, else ../shared/roberta_bpe, else models/gpt2_bpe)."""
+    mdir = Path(mdir)
+    if (mdir / "vocab.txt").is_file() or model == "standin":
+        return ["--bpe", "wordpiece", "--vocab", mdir / "vocab.txt"]
+    if bpe_dir is None:
+        bpe_dir = SHARED / "roberta_bpe" if (SHARED / "roberta_bpe").is_dir() else REPO / "models" / "gpt2_bpe"
+    return ["--bpe", "gpt2", "--bpe-dir", Path(bpe_dir)]
+
+
+def bpe_encoding(bpe):
+    """prepare_data.py's BPE flags (``bpe_args``) as the keywords of its ``bpe_files`` and ``provenance``."""
+    return {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
+
+
+def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=1):
+    """``WORK/data-bin/<model>/<TASK>``; sampled data gets its own folder (``RTE.few-shot100.seed3``)."""
+    base = Path(work) / "data-bin" / name
+    if few_shot is not None:
+        return base / f"{task}.few-shot{few_shot}.seed{data_seed}"
+    if dev_from_train is not None:
+        return base / f"{task}.dev{dev_from_train}.seed{data_seed}"
+    return base / task
+
+
+def standin_lock(folder):
+    """A lock beside the stand-in's folder: two runs started at once on a fresh machine (a sweep's first
+    slots, test workers) build it once, the second finding it up to date."""
+    from filelock import FileLock
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(folder.parent / f".{folder.name}.lock"))

@@ -1,0 +1,44 @@
+"""``scripts/run.sh``: the request from its arguments, then check, plan, and execution (or the dry run's
+plan); a refusal is one line, ``run.sh: error: ...`` (exit 2; 75: the run folder is in use; 130:
+interrupted)."""
+
+import shlex
+import sys
+
+from fairseq_idpg.errors import RunError
+from fairseq_idpg.run.execution import IN_USE_EXIT, InUse, execute
+from fairseq_idpg.run.planning import check, plan, warn_missing
+from fairseq_idpg.run_config import RunConfig, method_list
+
+DESCRIPTION = "The main job: prepare a task, train a method on it with fairseq-train, score it with fairseq-validate."
+EPILOG = "Other flags go to fairseq-train as given (e.g. --pooler-dropout 0.2); see docs/training.md."
+
+
+def parse_args(argv):
+    """run.sh's arguments as a RunConfig (``--help`` lists the methods)."""
+    return RunConfig.from_argv(argv, description=DESCRIPTION, epilog=method_list() + "\n\n" + EPILOG)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return job(parse_args(argv), argv)
+    except RunError as e:
+        print(f"run.sh: error: {e}", file=sys.stderr)
+        if isinstance(e, InUse):
+            return IN_USE_EXIT
+        return 130 if str(e).startswith("interrupted") else 2
+
+
+def job(request, argv):
+    missing = check(request).missing
+    p = plan(request, argv)
+    if request.dry_run:
+        if not p.complete:
+            print("  (<hash> is known once the model file and the prepared data exist)")
+        if request.restart and p.folder.exists():
+            print(f"--restart would remove {p.folder}")
+        print("+ " + shlex.join(p.train))
+        warn_missing(missing, "run.sh")
+        return 0
+    return execute(p)

@@ -1,0 +1,129 @@
+"""The commands a run starts (prepare_data.py, fairseq-train, fairseq-validate): their output to the
+terminal and a log, line by line, with the time left; a command's one-line refusal said once."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+
+from fairseq_idpg.errors import RunError
+
+ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: error: MESSAGE (exit status 2)
+
+
+class Refused(RunError):
+    """A command run.sh ran refused its input in one line (exit status 2): run.sh says it again, once."""
+
+
+def format_duration(seconds):
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class TrainingEta:
+    """Appends ``eta 3m10s`` to fairseq's log lines that report ``num_updates``: the updates left
+    times the seconds per update seen since the first such line (before that: fairseq's wall
+    clock over its updates)."""
+
+    UPDATES = re.compile(r"\bnum_updates\"?[=: ]+\"?(\d+)")  # simple and json formats
+    WALL = re.compile(r"\bwall\"?[=: ]+\"?([\d.]+)")
+
+    def __init__(self, total_updates, clock=time.monotonic):
+        self.total, self.clock, self.first = total_updates, clock, None
+
+    def annotate(self, line):
+        found = self.UPDATES.search(line)
+        if not found or "valid on" in line or '"valid' in line:
+            return line
+        done, now = int(found.group(1)), self.clock()
+        if self.first is None:
+            self.first = (now, done)
+        start, start_done = self.first
+        if done > start_done:
+            per_update = (now - start) / (done - start_done)
+        else:
+            wall = self.WALL.search(line)
+            if not wall or not done:
+                return line
+            per_update = float(wall.group(1)) / done
+        return f"{line} | eta {format_duration(per_update * max(0, self.total - done))}"
+
+
+def tee(cmd, log, progress=None, show=None, keep=False):
+    """Run ``cmd``; each line of its output goes to ``log`` (appended, flushed line by line) and to
+    the terminal as it comes (``show(line)`` filters, ``progress`` annotates). Returns (seconds, the
+    output if ``keep`` else its last lines). Ctrl-C reaches the command too (same process group);
+    SIGTERM is passed on; either way the log keeps everything printed."""
+    cmd = [str(c) for c in cmd]
+    print("+ " + shlex.join(cmd), flush=True)
+    start = time.time()
+    lines = [] if keep else deque(maxlen=30)
+    refused = None  # the command's one-line error: said once, by run.sh (shown only if it was no refusal)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # fairseq logs to stdout: unbuffered, line by line
+    with open(log, "a", encoding="utf-8") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace", bufsize=1
+        )
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
+        interrupted = False
+        try:
+            while True:
+                try:
+                    line = proc.stdout.readline()
+                except KeyboardInterrupt:
+                    # Ctrl-C: a terminal sends it to the command too; read what it prints until it exits
+                    interrupted = True
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        proc.send_signal(signal.SIGINT)  # only run.sh was interrupted: pass it on
+                    except KeyboardInterrupt:
+                        pass
+                    continue
+                if not line:
+                    break
+                f.write(line)
+                f.flush()
+                lines.append(line)
+                if refused is not None and (show is None or show(refused)):
+                    sys.stdout.write(refused)  # more came after it: not the command's last word
+                refused = line if ONE_LINE_ERROR.match(line) else None
+                if refused is None and (show is None or show(line)):
+                    text = line.rstrip("\n")
+                    sys.stdout.write((progress.annotate(text) if progress else text) + "\n")
+                    sys.stdout.flush()
+            code = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    if interrupted or code in (-signal.SIGINT, -signal.SIGTERM, 130):
+        raise RunError(f"interrupted; {log} keeps the output; the same command resumes")
+    if code == 2 and refused is not None:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if refused is not None and (show is None or show(refused)):
+        sys.stdout.write(refused)
+    if code:
+        tail = "".join(list(lines)[-20:]).rstrip()
+        raise RunError(f"command failed with exit code {code}: {cmd[0]} ... {tail and chr(10) + tail}")
+    return time.time() - start, "".join(lines)
+
+
+def call(cmd, log=print):
+    """Run ``cmd`` (its output to the terminal); its one-line error is passed on as a ``Refused``, said once."""
+    cmd = [str(c) for c in cmd]
+    log("+ " + shlex.join(cmd), flush=True)
+    start = time.time()
+    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+    said = proc.stderr.splitlines(keepends=True)
+    refused = said.pop() if proc.returncode == 2 and said and ONE_LINE_ERROR.match(said[-1]) else None
+    sys.stderr.write("".join(said))
+    if refused:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if proc.returncode:
+        raise RunError(f"command failed with exit code {proc.returncode}: {shlex.join(cmd)}")
+    return time.time() - start
