@@ -91,4 +91,4 @@ def validate_scores(text: str, subsets) -> Dict[str, dict]:
     scored = [e for e in entries if e.tag.startswith("fairseq") and "loss" in e.stats]
     if len(scored) != len(subsets):
         raise ValueError(f"fairseq-validate printed {len(scored)} score line(s) for {len(subsets)} subset(s)")
-    return {subset: e.stats for subset, e in zip(subsets, scored)}
+    return {subset: e.stats for subset, e in zip(subsets, scored, strict=False)}

@@ -76,5 +76,5 @@ class AdamHeadLr(FairseqAdam):
         return iter(self._params)
 
     def set_lr(self, lr):
-        for group, scale in zip(self.param_groups, self.lr_scales):
+        for group, scale in zip(self.param_groups, self.lr_scales, strict=False):
             group["lr"] = lr * scale

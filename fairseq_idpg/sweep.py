@@ -197,7 +197,7 @@ def _few_shot(value, tasks, where):
     for i, k in enumerate(default):
         differ = [f"{t}: {ks[i]}" for t, ks in per_task.items() if t != "default" and ks[i] != k]
         names.append(few_shot_budget(k, differ) if differ else None)
-    return {t: list(zip(per_task.get(t, default), names)) for t in tasks}
+    return {t: list(zip(per_task.get(t, default), names, strict=False)) for t in tasks}
 
 
 def _lrs(value, method, task, where):
@@ -655,11 +655,11 @@ def submit(pending, opts, sweep_dir, cluster="slurm"):
     ]
     with executor.batch():
         jobs = [executor.submit(execute_run, argv, log, str(REPO)) for argv, log in calls]
-    submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs)}
+    submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs, strict=False)}
     path = Path(sweep_dir) / "slurm" / "submitted.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(submitted, indent=1) + "\n")
-    return [(run, p, job) for (run, p), job in zip(pending, jobs)]
+    return [(run, p, job) for (run, p), job in zip(pending, jobs, strict=False)]
 
 
 def follow(submitted, progress, failures, records, poll=30):

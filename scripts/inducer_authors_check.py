@@ -203,7 +203,7 @@ def batch(data_dir, dictionary, vocab, n):
     if not dev.is_file():
         raise CheckError(f"--data {data_dir}: no SST-2/dev.tsv there (the GLUE folder of ../shared/data)")
     with open(dev, encoding="utf-8", newline="") as f:
-        rows = [r for _, r in zip(range(n), csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))]
+        rows = [r for _, r in zip(range(n), csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE), strict=False)]
     bpe = WordpieceBPE(types.SimpleNamespace(wordpiece_vocab=str(vocab), wordpiece_cased=False))
     tokens = [
         torch.cat([torch.tensor([0]), dictionary.encode_line(bpe.encode(r["sentence"]), add_if_not_exist=False)])
@@ -303,7 +303,7 @@ def check_preset(name, args, authors, state, dictionary, tokens, labels):
     logits_o, hid_o = run_ours(ours, same, labels)
     logits_t, hid_t = run_theirs(theirs, same, labels)
     print(f"outputs, {same.size(0)} SST-2 dev sentences cut to {same.size(1)} tokens (no padding):")
-    for i, (x, y) in enumerate(zip(hid_o, hid_t)):
+    for i, (x, y) in enumerate(zip(hid_o, hid_t, strict=False)):
         what = "embeddings" if i == 0 else f"layer {i}"
         print(f"  {what:10s} max|ours - theirs| {(x - y).abs().max().item():.2e}   (|h| <= {x.abs().max():.1f})")
     gap = (logits_o - logits_t).abs().max().item()

@@ -191,7 +191,7 @@ def hub_dev_predictions(roberta, task_name, raw, count=None):
 def hub_dev_accuracy(save, task_name, raw, checkpoint="checkpoint_best.pt", **overrides):
     """Accuracy (%) of the hub of ``save`` on the whole raw dev file (as fairseq-validate scores it)."""
     predicted, examples = hub_dev_predictions(hub(save, checkpoint, **overrides), task_name, raw)
-    return 100.0 * sum(p == ex.label for p, ex in zip(predicted, examples)) / len(examples)
+    return 100.0 * sum(p == ex.label for p, ex in zip(predicted, examples, strict=False)) / len(examples)
 
 
 def assert_hub_agrees_with_validation(save, task_name, raw, count=32):
@@ -203,7 +203,7 @@ def assert_hub_agrees_with_validation(save, task_name, raw, count=32):
     task.load_dataset("valid")
     dataset = task.dataset("valid")
     batch = dataset.collater([dataset[i] for i in range(count)])
-    for row, example in zip(batch["net_input"]["src_tokens"], examples):
+    for row, example in zip(batch["net_input"]["src_tokens"], examples, strict=False):
         assert torch.equal(row[row.ne(task.dictionary.pad())], roberta.encode(*example.texts))
     with torch.no_grad():
         logits = model(**batch["net_input"], features_only=True, classification_head_name=HEAD)[0]

@@ -127,7 +127,7 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
     ranks = [int(v["prompt_rank"]) for v in valid]
     last = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert ranks[-1] == int((last["model"]["prompt.s"] > 0).sum())  # logged = counted in the weights
-    assert all(0 <= b <= a <= LENGTH for a, b in zip([LENGTH] + ranks, ranks))  # only falls from r = l
+    assert all(0 <= b <= a <= LENGTH for a, b in zip([LENGTH] + ranks, ranks, strict=False))  # only falls from r = l
     assert not any(k.startswith("encoder.") for k in last["model"])  # compact checkpoint
 
     png = root / "probe.png"

@@ -23,7 +23,7 @@ def test_closed_form_equals_token_by_token_truncation():
     len_a, len_b = rng.integers(0, 60, 500), rng.integers(0, 60, 500)
     for budget in (0, 1, 7, 30, 59, 200):
         kept_a, kept_b = longest_first_lengths(len_a, len_b, budget)
-        ref = np.array([longest_first_reference(a, b, budget) for a, b in zip(len_a, len_b)])
+        ref = np.array([longest_first_reference(a, b, budget) for a, b in zip(len_a, len_b, strict=False)])
         assert np.array_equal(kept_a, ref[:, 0]) and np.array_equal(kept_b, ref[:, 1]), budget
 
 

@@ -43,7 +43,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     tmp = opts.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        for i, vec in zip(rows, projected.tolist()):
+        for i, vec in zip(rows, projected.tolist(), strict=False):
             f.write(dictionary[i] + " " + " ".join(f"{x:.5f}" for x in vec) + "\n")
     os.replace(tmp, opts.out)
     print(f"wrote {len(rows):,} stand-in word vectors of {opts.dim} dims to {opts.out} (not GloVe; see --help)")

@@ -66,7 +66,9 @@ def main(argv=None):
         raise
     batch, tokens, updates = (
         given if given is not None else default
-        for given, default in zip((args.batch_size, args.tokens, args.updates), GPU_SHAPES if cuda else CPU_SHAPES)
+        for given, default in zip(
+            (args.batch_size, args.tokens, args.updates), GPU_SHAPES if cuda else CPU_SHAPES, strict=False
+        )
     )
     device = torch.device("cuda" if cuda else "cpu")
     from fairseq_idpg.check_gpu.timing import device_name

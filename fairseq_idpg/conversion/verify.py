@@ -67,7 +67,7 @@ def glue_examples(glue_dir: Optional[str] = None, n_single: int = 8, n_pairs: in
             return []
         with open(path, encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            return [tuple(r[c].strip() for c in columns) for _, r in zip(range(n), reader)]
+            return [tuple(r[c].strip() for c in columns) for _, r in zip(range(n), reader, strict=False)]
 
     singles = [s for (s,) in rows("SST-2", ("sentence",), n_single)]
     pairs = rows("RTE", ("sentence1", "sentence2"), n_pairs)

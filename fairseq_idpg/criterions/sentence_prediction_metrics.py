@@ -97,7 +97,7 @@ class SentencePredictionMetricsCriterion(SentencePredictionCriterion):
         elif logits.size(-1) == 2:
             preds = logits.argmax(dim=-1)
             counts = glue_metrics.confusion_counts(preds.cpu().numpy(), targets.cpu().numpy())
-            logging_output.update(zip(COUNTS, counts))
+            logging_output.update(zip(COUNTS, counts, strict=False))
         return loss, sample_size, logging_output
 
     def _check_gather_size(self, logging_output, sample_size):

@@ -227,7 +227,9 @@ class FrozenBackboneRobertaModel(RobertaModel):
         """Hash of the frozen weights for cache keys: names, shapes and the fingerprint's sums to
         10 significant digits (so summation order does not matter)."""
         sums = self.backbone_fingerprint()[:, 1].tolist()
-        rows = [[n, list(p.shape), float(f"{s:.10g}")] for (n, p), s in zip(self._frozen_parameters(), sums)]
+        rows = [
+            [n, list(p.shape), float(f"{s:.10g}")] for (n, p), s in zip(self._frozen_parameters(), sums, strict=False)
+        ]
         return cache_key(rows)
 
     def state_dict(self, *args, full=False, **kwargs):

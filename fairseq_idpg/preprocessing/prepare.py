@@ -264,7 +264,7 @@ def read_raw(spec: TaskSpec, raw: Path, strict_sizes: bool = False) -> Dict[str,
             f"(expected the {spec.name} files {', '.join(spec.files)} as distributed)"
         )
     data = {}
-    for name, official in zip(spec.files, spec.sizes):
+    for name, official in zip(spec.files, spec.sizes, strict=False):
         data[name] = spec.read(raw / name)
         if not data[name]:
             raise PrepareError(f"{raw / name}: no examples (empty or header only; expected the {spec.name} rows)")
@@ -410,7 +410,7 @@ def _binarize(spec: TaskSpec, splits, tmp: Path, bpe, bpe_dir, vocab, workers) -
         # A label dictionary in the task's fixed order (fairseq would order it by frequency,
         # so class indices would depend on the data); counts are the train frequencies.
         counts = [sum(ex.label == label for ex in splits["train"]) for label in spec.labels]
-        _write_lines(text / "label.dict.txt", (f"{label} {n}" for label, n in zip(spec.labels, counts)))
+        _write_lines(text / "label.dict.txt", (f"{label} {n}" for label, n in zip(spec.labels, counts, strict=False)))
         for split, exs in splits.items():
             _write_lines(text / f"{split}.label", (ex.label for ex in exs))
         _preprocess(text, splits, "label", str(text / "label.dict.txt"), tmp / "label", workers)

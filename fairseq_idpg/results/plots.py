@@ -19,7 +19,7 @@ from .table import AVERAGE
 def colors(long: pd.DataFrame) -> dict:
     """One colour per label, the same in every figure."""
     palette = [f"C{i % 10}" for i in range(long["label"].nunique())]
-    return dict(zip(dict.fromkeys(long["label"]), palette))
+    return dict(zip(dict.fromkeys(long["label"]), palette, strict=False))
 
 
 def _figure(rows: int, cols: int, width: float, height: float) -> tuple:
@@ -43,7 +43,7 @@ def bar_figure(long: pd.DataFrame, paper_label: str = "paper") -> Figure:
         return _message("no measured cell")
     figure, axes = _figure(len(groups), 1, 10, 3.5)
     color = colors(long)
-    for ax, ((model, budget), group) in zip(axes[:, 0], groups):
+    for ax, ((model, budget), group) in zip(axes[:, 0], groups, strict=False):
         cells = group[group["task"] != AVERAGE]
         tasks, labels = list(dict.fromkeys(cells["task"])), list(dict.fromkeys(cells["label"]))
         width = 0.8 / len(labels)
@@ -81,7 +81,9 @@ def curve_figure(points: pd.DataFrame, long: pd.DataFrame) -> Figure:
     """Learning curves from ``records.curve_points`` of the chosen runs; metric names from ``long``."""
     if points.empty:
         return _message("no learning curve in these records (no 'curve' field)")
-    order = {key: i for i, key in enumerate(dict.fromkeys(zip(long["model"], long["budget"], long["task"])))}
+    order = {
+        key: i for i, key in enumerate(dict.fromkeys(zip(long["model"], long["budget"], long["task"], strict=False)))
+    }
     panels = sorted(points.groupby(["model", "budget", "task"], sort=False), key=lambda p: order.get(p[0], len(order)))
     color = colors(long)
     cols = min(4, len(panels))
@@ -89,7 +91,7 @@ def curve_figure(points: pd.DataFrame, long: pd.DataFrame) -> Figure:
     figure, axes = _figure(rows, cols, 4, 3)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
-    for ax, ((model, budget, task), panel) in zip(axes.flat, panels):
+    for ax, ((model, budget, task), panel) in zip(axes.flat, panels, strict=False):
         for label in [x for x in color if x in set(panel["label"])]:
             runs = panel[panel["label"] == label]
             mean = runs.groupby("updates")["value"].mean().sort_index()

@@ -72,7 +72,7 @@ def rows(table: dict) -> pd.DataFrame:
                 raise PublishedError(f"{table['table']} row {row['row']!r}: {len(tasks)} columns, other counts given")
             common = {"backbone": section.get("backbone", ""), "budget": section["budget"], "row": row["row"],
                       "method": row["method"]}  # fmt: skip
-            for task, mean, sd in zip(tasks, row["mean"], std):
+            for task, mean, sd in zip(tasks, row["mean"], std, strict=False):
                 out.append({**common, "task": task, "mean": mean, "std": sd})
             if row.get("average") is not None:
                 out.append({**common, "task": "average", "mean": row["average"], "std": None})

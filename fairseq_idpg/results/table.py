@@ -77,7 +77,7 @@ def lr_setting(lr, head_lr=None) -> str:
 def cells(chosen: pd.DataFrame) -> pd.DataFrame:
     """One row per measured cell: method, metric, split, lr, n, mean, std (NaN for one seed)."""
     head_lrs = chosen["head_lr"] if "head_lr" in chosen else [None] * len(chosen)
-    chosen = chosen.assign(lrs=list(zip(chosen["lr"], head_lrs)))
+    chosen = chosen.assign(lrs=list(zip(chosen["lr"], head_lrs, strict=False)))
     grouped = chosen.groupby(CELL, dropna=False, sort=False)
     out = grouped.agg(
         method=("method", lambda s: "+".join(sorted(set(s)))),
