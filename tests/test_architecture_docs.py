@@ -76,6 +76,7 @@ def test_the_worked_example_parses():
     edits, commands = worked_example()
     assert [path for path, _ in edits] == [
         "fairseq_idpg/modules/prompts/kronecker_prompt.py",
+        "fairseq_idpg/modules/prompts/__init__.py",
         "fairseq_idpg/methods.py",
         "tests/test_dpt.py",
     ]

@@ -1,5 +1,6 @@
-"""The blocks of ``--arch roberta_blocks``, as data: one file per block, found here and imported
-automatically (as fairseq imports its models), so a new block is one new file.
+"""The blocks of ``--arch roberta_blocks``, as data: one file per block, imported by name at the end
+of this file (as fairseq's examples/linformer imports its modules), so a new block is one new file
+and its name added to that import line.
 
 A block file registers a config dataclass (PEFT's config style) whose fields are the block's
 options: each carries its default, help, metavar or choices and whether it is a size (0: off),
@@ -25,16 +26,14 @@ passes call the slots and never name a block. docs/blocks.md: adding a block.
 """
 
 import dataclasses
-import importlib
-import os
 from typing import Any, ClassVar, Dict, List, NamedTuple, Tuple
 
-from fairseq_idpg.models.presets import check_choice, flag
 from fairseq_idpg.modules.slots import SLOT_ORDER, SLOTS
+from fairseq_idpg.options import check_choice, flag
 
 
-class Encoder(NamedTuple):
-    """The sizes a block is built for (from the model's args)."""
+class EncoderSizes(NamedTuple):
+    """The sizes of the encoder a block is built for (from the model's args)."""
 
     dim: int
     heads: int
@@ -108,7 +107,7 @@ class BlockConfig:
             if f.metadata["choices"]:
                 check_choice(self, f.name, f.metadata["choices"])
 
-    def check(self, encoder: Encoder):
+    def check(self, encoder: EncoderSizes):
         """The block's own build-time checks (called for every block, active or not)."""
 
     # ------------------------------------------------------------------ building
@@ -116,10 +115,10 @@ class BlockConfig:
         """Whether these options turn the block on."""
         raise NotImplementedError
 
-    def install(self, model, encoder: Encoder):
+    def install(self, model, encoder: EncoderSizes):
         """Modules the model owns, built before the layers' (prefix tuning's shared encoder)."""
 
-    def layer_blocks(self, index, encoder: Encoder, model) -> List[Attachment]:
+    def layer_blocks(self, index, encoder: EncoderSizes, model) -> List[Attachment]:
         """The modules of layer ``index`` and where they attach."""
         return []
 
@@ -185,6 +184,6 @@ def block_defaults():
     return {k: v for cls in registered_blocks() for k, v in cls.defaults().items()}
 
 
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(__name__ + "." + _file[:-3])
+# Last, as each block module imports the definitions above. This line's (sorted) order is the registration
+# order of ``BLOCKS``; blocks are built in slot order (``BlockConfig.build_order``), whatever this order.
+from . import adapter, bitfit, ffn_adapter, ia3, inducer, lora, prefix  # noqa: E402, F401  (registers)

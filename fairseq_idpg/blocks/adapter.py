@@ -4,9 +4,9 @@
 from dataclasses import dataclass
 
 from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
-from fairseq_idpg.models.presets import check_at_least
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter, check_bottleneck
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
+from fairseq_idpg.options import check_at_least
 
 KINDS = ("none", "houlsby", "compacter")
 

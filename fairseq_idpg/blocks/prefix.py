@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
-from fairseq_idpg.models.presets import check_at_least
 from fairseq_idpg.modules.attention.prefix import MLP_NAMES, PrefixEncoder, stored_prefixes
+from fairseq_idpg.options import check_at_least
 
 logger = logging.getLogger(__name__)
 PREFIX_KEY = "prefix_encoder.kv"

@@ -5,12 +5,9 @@ builds the real modules (at the paper's model size) and returns rows
 ``(method, ours, paper)``: ``ours`` counted from the built tensors (trainable, classification
 head excluded, fairseq's duplicate fast-path tensors excluded by fairseq_idpg_compat),
 ``paper`` the published figure (int, or a string such as "1.55M" where the paper rounds).
+A new module's tables join below: import it and add its ``TABLES``.
 """
 
-import importlib
-import os
+from . import blocks, prompts
 
-TABLES = []
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        TABLES += importlib.import_module(__name__ + "." + _file[:-3]).TABLES
+TABLES = blocks.TABLES + prompts.TABLES

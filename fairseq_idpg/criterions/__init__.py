@@ -1,8 +1,4 @@
-"""Criterions of fairseq-idpg; each module registers itself with fairseq on import."""
+"""Criterions of fairseq-idpg; each module registers itself with fairseq on import, so a new
+criterion file adds its name to the import line below."""
 
-import importlib
-import os
-
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(__name__ + "." + _file[:-3])
+from . import sentence_prediction_metrics  # noqa: F401

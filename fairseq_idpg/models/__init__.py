@@ -1,8 +1,4 @@
-"""Registered fairseq models and architectures; each module registers itself on import."""
+"""Registered fairseq models and architectures; each module registers itself on import, so a new
+model file adds its name to the import line below."""
 
-import importlib
-import os
-
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(__name__ + "." + _file[:-3])
+from . import build, frozen_roberta, prompted_roberta, roberta_blocks, roberta_idpg, roberta_prompt  # noqa: F401

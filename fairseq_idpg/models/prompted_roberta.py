@@ -31,9 +31,9 @@ is refused).
 
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
-from fairseq_idpg.models.presets import flag, resolve_preset
 from fairseq_idpg.modules.prompts.encoder import prompted_features
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS, check_position
+from fairseq_idpg.options import flag, resolve_preset
 from fairseq_idpg.tasks.model_protocol import task_is_pair
 
 PROMPT_DEFAULTS = {"prompt_position": 0}  # the released IDPG scripts; DPT's prompt tuning on RoBERTa

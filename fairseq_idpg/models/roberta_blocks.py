@@ -27,13 +27,13 @@ slots of the frozen layers (``modules/slots.py``: ``AugmentedSelfAttention`` for
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_base_architecture, roberta_large_architecture
 
-from fairseq_idpg.blocks import Encoder, block_configs, block_defaults, registered_blocks
+from fairseq_idpg.blocks import EncoderSizes, block_configs, block_defaults, registered_blocks
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
-from fairseq_idpg.models.presets import flag, resolve_preset
 from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
 from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
 from fairseq_idpg.modules.slots import ATTENTION_SLOTS
+from fairseq_idpg.options import flag, resolve_preset
 
 ARCH = "roberta_blocks"
 PRESET_OPTION = "blocks_preset"  # the option that names a method whose block settings apply
@@ -56,7 +56,7 @@ def check_args(args, settings):
     method = getattr(args, PRESET_OPTION)
     for config in configs:
         config.check_options(PRESET_OPTION, method, settings)
-    encoder = Encoder.of(args)
+    encoder = EncoderSizes.of(args)
     for config in configs:
         config.check(encoder)
     if not any(config.active() for config in configs):
@@ -69,7 +69,7 @@ def check_args(args, settings):
 def install_blocks(model, configs):
     """Attach the active blocks to the slots of ``model``'s frozen layers (in place; they train), layer
     by layer in the blocks' build order (which fixes their random initialisation)."""
-    encoder = Encoder.of(model.args)
+    encoder = EncoderSizes.of(model.args)
     active = [config for config in configs if config.active()]
     for config in active:
         config.install(model, encoder)

@@ -41,11 +41,11 @@ from fairseq_idpg.data.sentence_representation_cache import (
     to_device,
 )
 from fairseq_idpg.errors import MissingFile
-from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
 from fairseq_idpg.modules.prompts.generator import KINDS, PromptGenerator
 from fairseq_idpg.modules.prompts.glove import GloveSentenceEncoder, read_glove_dim
+from fairseq_idpg.options import check_at_least, check_choice
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
 
 from fairseq_idpg.methods import presets_of
-from fairseq_idpg.models.presets import check_at_least, check_choice
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.soft_prompts import INITS, PROMPT_MATRICES, RankProbePrompt, sample_vocab_rows
+from fairseq_idpg.options import check_at_least, check_choice
 
 PRESET_OPTION = "prompt_preset"
 # the one preset without a method: what scripts/export_dpt_prompt.py turns deep-dpt into (P_k = A_k B_k stored)

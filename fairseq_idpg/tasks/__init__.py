@@ -1,8 +1,9 @@
-"""Tasks of fairseq-idpg; each module registers itself with fairseq on import."""
+"""Tasks of fairseq-idpg; each module registers itself with fairseq on import, so a new task file
+adds its name to the import line below."""
 
-import importlib
-import os
-
-for _file in sorted(os.listdir(os.path.dirname(__file__))):
-    if _file.endswith(".py") and not _file.startswith("_"):
-        importlib.import_module(__name__ + "." + _file[:-3])
+from . import (  # noqa: F401
+    efl_sentence_prediction,
+    idpg_sentence_prediction,
+    model_protocol,
+    peft_sentence_prediction,
+)

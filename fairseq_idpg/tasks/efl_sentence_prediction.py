@@ -5,7 +5,7 @@ On top of ``peft_sentence_prediction`` (same data, same truncation, same criteri
 
 - the task's hypotheses (``data/label_descriptions.py``): one description of the entailed class
   (binary tasks), one description per class, or, for sentence-pair tasks, the second sentence itself.
-  Descriptions are encoded with the BPE the data was prepared with (``data/data_bpe.py``), and every
+  Descriptions are encoded with the BPE the data was prepared with (``preprocessing/data_bpe.py``), and every
   input is truncated so that it fits with the longest ``</s> d </s>`` (they count as inserted tokens);
 - the head (``modules/entailment_head.py``) is the MNLI head ([contradiction, neutral, entailment]),
   read as binary [not entailed, entailed]; it is registered under ``--classification-head-name``
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from fairseq.tasks import register_task
 from omegaconf import OmegaConf, open_dict
 
-from fairseq_idpg.data.data_bpe import encode_with_data_bpe, find_data_bpe
 from fairseq_idpg.data.label_descriptions import hypotheses_for
 from fairseq_idpg.errors import option_checks
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 from fairseq_idpg.optim import mark_head
+from fairseq_idpg.preprocessing.data_bpe import encode_with_data_bpe, find_data_bpe
 
 from .model_protocol import inserted_tokens
 from .peft_sentence_prediction import PeftSentencePredictionConfig, PeftSentencePredictionTask

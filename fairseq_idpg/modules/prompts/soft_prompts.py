@@ -35,7 +35,8 @@ PyTorch's Linear/LayerNorm initialisation (Razdaibiedina et al. 2023, the baseli
 ``--prompt-matrix NAME`` of ``roberta_prompt`` builds what ``register_prompt_matrix`` registered
 under NAME; each parameterisation registers itself in the file that defines it (the four above at
 the end of this one), as fairseq's models do with ``register_model``. The model reads the registry
-when it parses and builds, so a new file in this folder (imported with the package) adds a choice.
+when it parses and builds, so a new file in this folder adds a choice once its import line is added
+to ``modules/prompts/__init__.py``.
 """
 
 from typing import Callable, NamedTuple
@@ -45,7 +46,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 INITS = ("uniform", "normal", "vocab", "zero")
-RANDOM_INITS = ("uniform", "normal")  # the draws of ``init_prompt_``; vocab and zero start from them
 
 
 class PromptMatrix(NamedTuple):

@@ -11,7 +11,8 @@ sha256 are the recorded ones: text is never encoded with another vocabulary than
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from .digest import file_sha256
+from ..data.digest import file_sha256
+from .prepare import bpe_files, encode
 
 REPO = Path(__file__).resolve().parents[2]
 SEARCHED = {
@@ -24,8 +25,6 @@ SEARCHED = {
 
 
 def _files(bpe: str, place: Path):
-    from fairseq_idpg.preprocessing.prepare import bpe_files
-
     if bpe == "wordpiece":
         vocab = place / "vocab.txt" if place.is_dir() else place
         return bpe_files(bpe, vocab=str(vocab))
@@ -58,8 +57,6 @@ def find_data_bpe(info, given: Optional[str] = None) -> Tuple[str, Path]:
 
 def encode_with_data_bpe(texts, dictionary, bpe: str, place: Path) -> List[List[int]]:
     """Token ids (no specials) of ``texts`` as ``scripts/prepare_data.py`` encodes sentences."""
-    from fairseq_idpg.preprocessing.prepare import encode
-
     files = _files(bpe, place)
     if bpe == "wordpiece":
         lines = encode(list(texts), bpe, None, str(files["vocab.txt"]), workers=1)

@@ -1,4 +1,6 @@
-"""Presets and flag checks shared by every model family: config as data.
+"""Option helpers shared by the model families and the blocks: a flag's spelling, flag checks and
+filling options from a preset (config as data). A leaf module, below ``models`` and ``blocks``: it
+imports nothing of the project but ``errors``.
 
 A model family declares its presets (``{preset name: {option: value}}``) and the value of each
 option no preset sets (``defaults``); argparse leaves every option it was not given at None.

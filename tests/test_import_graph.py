@@ -1,0 +1,139 @@
+"""No import cycle between the top-level modules and subpackages of ``fairseq_idpg``.
+
+A module of unit A (``fairseq_idpg.A`` or a module under it) that imports from unit B when it is
+imported (at module level, class bodies and top-level ``if``/``try`` included; not inside functions,
+not under ``if TYPE_CHECKING``) is an edge A -> B; a cycle of such edges is an import circle that
+only works while the modules happen to be imported in one order. The package's own ``__init__`` (the
+user dir that imports what registers) is no unit. Read with ``ast``: nothing is imported.
+"""
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "fairseq_idpg"
+
+# Cycles between units accepted for now, as frozensets of unit names: none.
+ALLOWED: Set[frozenset] = set()
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_when_loaded(body):
+    """The import statements a module body runs when it is imported."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from imports_when_loaded(node.orelse)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    yield from imports_when_loaded(children)
+
+
+def imported_modules(node, module: str, is_package: bool) -> List[str]:
+    """The absolute names that ``node`` (in ``module``) imports from: for ``from P import x`` with P the
+    package root, ``P.x`` (x may be a submodule), else the module named."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    package = module if is_package else module.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+    if base == module.split(".")[0]:
+        return [f"{base}.{alias.name}" for alias in node.names]
+    return [base]
+
+
+def unit_edges(root: Path) -> Dict[Tuple[str, str], List[str]]:
+    """{(unit A, unit B): ["path:line imports name", ...]} for the package at ``root``."""
+    package = root.name
+    edges: Dict[Tuple[str, str], List[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        if module == package:
+            continue
+        unit = module.split(".")[1]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in imports_when_loaded(tree.body):
+            for name in imported_modules(node, module, path.name == "__init__.py"):
+                parts = name.split(".")
+                if parts[0] == package and len(parts) > 1 and parts[1] != unit:
+                    where = f"{path.relative_to(root.parent)}:{node.lineno} imports {name}"
+                    edges.setdefault((unit, parts[1]), []).append(where)
+    return edges
+
+
+def cycles(edges) -> List[List[str]]:
+    """The strongly connected components of more than one unit (Tarjan), each sorted."""
+    graph: Dict[str, Set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe(component, edges) -> str:
+    inside = [(a, b) for a, b in edges if a in component and b in component]
+    return "; ".join(f"{a} -> {b} ({edges[a, b][0]})" for a, b in sorted(inside))
+
+
+def test_no_import_cycle_between_the_packages_units():
+    edges = unit_edges(REPO / PACKAGE)
+    found = [c for c in cycles(edges) if frozenset(c) not in ALLOWED]
+    assert not found, "import cycles between units of fairseq_idpg: " + " | ".join(describe(c, edges) for c in found)
+
+
+def test_the_check_finds_a_cycle_made_at_import_and_not_one_inside_functions(tmp_path):
+    root = tmp_path / "pkg"
+    for folder in ("a", "b"):
+        (root / folder).mkdir(parents=True)
+    (root / "__init__.py").write_text("from . import a, b\n")
+    (root / "a" / "__init__.py").write_text("from pkg.b.x import f\n")
+    (root / "b" / "__init__.py").write_text("")
+    (root / "b" / "x.py").write_text("def f():\n    from pkg.a import g\n")
+    (root / "c.py").write_text("from .b import x\n")
+    edges = unit_edges(root)
+    assert set(edges) == {("a", "b"), ("c", "b")}
+    assert cycles(edges) == []
+
+    (root / "b" / "x.py").write_text("try:\n    from ..a import g\nexcept ImportError:\n    pass\n")
+    edges = unit_edges(root)
+    assert cycles(edges) == [["a", "b"]]
+    assert "pkg/b/x.py:2 imports pkg.a" in describe(["a", "b"], edges)
