@@ -66,10 +66,10 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    ``checkpoint_<epoch>_<updates>.pt``, ``checkpoint<epoch>.pt``, ``checkpoint_best.pt``,
    ``checkpoint.best_*.pt``), saying so; with none, one line and exit status 2. Intact means its zip
    directory and metadata read (what truncation destroys); tensor bytes are not checked.
-   ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run.py``). A
+   ``resume_checkpoint`` is the same choice for other code (the main job, ``fairseq_idpg/run/``). A
    ``checkpoint_last.pt`` that cannot be opened at all (no permission; a mocked path) is left to fairseq.
 
-10. ``one_line_errors``: fairseq-train and fairseq-validate printed every configuration error as the last
+10. ``one_line_cli_errors``: fairseq-train and fairseq-validate printed every configuration error as the last
    line of a 20-40 line traceback. ``ConfigError`` (the one exception type for a user's mistake; the
    checks of ``fairseq_idpg`` raise it, see ``fairseq_idpg/errors.py``) now ends them with
    ``PROG: error: MESSAGE`` on stderr and exit status 2; any other exception keeps its traceback. Before
@@ -222,25 +222,12 @@ def no_fast_path_duplicates(transformer_layer):
     layer_cls._fairseq_idpg_compat = True
 
 
-class ConfigError(ValueError):
-    """A configuration or input that cannot be right; entry points print it as one line, exit 2 (fix 10)."""
+def _errors():
+    """``fairseq_idpg.errors`` (the project's error root and command-line helpers), imported when a fix first
+    needs it: this module loads at every interpreter's start, the project only in the commands that use it."""
+    from fairseq_idpg import errors
 
-
-# ---------------------------------------------------------------- command lines (here, and run.py, launch.py)
-def has_flag(argv, flag):
-    """Whether ``flag`` is in a command line (``--flag``, ``--flag VALUE`` or ``--flag=VALUE``)."""
-    return any(arg == flag or arg.startswith(flag + "=") for arg in argv)
-
-
-def flag_value(argv, flag):
-    """The value given to ``flag`` in a command line (the last one, as argparse reads it), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-    return value
+    return errors
 
 
 # ---------------------------------------------------------------- 5. fairseq-validate
@@ -270,7 +257,8 @@ def validate_defaults_from_checkpoint(validate):
         return
 
     def cli_main():
-        argv = sys.argv[1:]
+        argv, errors = sys.argv[1:], _errors()
+        ConfigError, flag_value = errors.ConfigError, errors.flag_value
         path = flag_value(argv, "--path")
         if not path and "-h" not in argv and "--help" not in argv:
             raise ConfigError("--path is required: the checkpoint to score (written by fairseq-train)")
@@ -485,7 +473,7 @@ def resume_from_intact_checkpoint(checkpoint_utils):
         if damage is None:
             return original(cfg, trainer, **passthrough_args)
         if path is None:
-            raise ConfigError(
+            raise _errors().ConfigError(
                 f"--save-dir {cfg.save_dir}: {os.path.basename(last)} is damaged ({damage}) "
                 f"and no intact checkpoint is left to resume from; remove it to train from the start"
             )
@@ -523,6 +511,7 @@ def check_values(dataset, optimization=None):
     if opt is not None:
         checks += [("--max-update", opt.max_update, 0), ("--max-epoch", opt.max_epoch, 0)]
         checks += [("--update-freq", f, 1) for f in opt.update_freq]
+    ConfigError = _errors().ConfigError
     for flag, value, least in checks:
         if value is not None and value < least:
             raise ConfigError(f"{flag} must be >= {least}, got {value}")
@@ -534,14 +523,10 @@ def check_values(dataset, optimization=None):
 def config_error_in(error):
     """The ConfigError that ``error`` is, or that a bare ``Exception`` wraps (fairseq's "Cannot load model
     parameters from checkpoint ..." around a failed load), else None: any other exception is a bug's."""
+    errors = sys.modules.get("fairseq_idpg.errors")  # not imported: no ConfigError can have been raised
     while type(error) is Exception:
         error = error.__cause__ or error.__context__
-    return error if isinstance(error, ConfigError) else None
-
-
-def refuse(message):
-    """An ``argparse`` parser's ``error``: a ConfigError (one line) instead of the usage and exit status 2."""
-    raise ConfigError(message)
+    return error if errors is not None and isinstance(error, errors.ConfigError) else None
 
 
 def _one_line(prog, call):
@@ -554,20 +539,19 @@ def _one_line(prog, call):
         found = config_error_in(e)
         if found is None:
             raise
-        line = f"{prog}: error: " + " ".join(str(found).split())  # one line, whatever the check wrote
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
-            import json
-            import time
+        if not error_file:
+            sys.exit(_errors().refuse(prog, found))
+        import json
+        import time
 
-            with open(error_file, "w", encoding="utf-8") as f:
-                json.dump({"message": line, "timestamp": int(time.time())}, f)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        line = f"{prog}: error: " + " ".join(str(found).split())  # one line, whatever the check wrote
+        with open(error_file, "w", encoding="utf-8") as f:
+            json.dump({"message": line, "timestamp": int(time.time())}, f)
         sys.exit(2)
 
 
-def one_line_errors(module, prog):
+def one_line_cli_errors(module, prog):
     """``module.cli_main`` (fairseq_cli.train or .validate) reports a ConfigError in one line; its ``main``
     refuses impossible values first and, for training, removes the save folder it made for a refused run."""
     if getattr(module.cli_main, "_fairseq_idpg_one_line", False):
@@ -591,7 +575,7 @@ def one_line_errors(module, prog):
             given = kwargs.pop("modify_parser", args[0] if args else None)
 
             def modify_parser(parser):
-                parser.error = refuse
+                parser.error = _errors().argparse_error
                 for action in parser._actions:  # without it, fairseq's parser raised a bare RuntimeError
                     if "--arch" in action.option_strings:
                         action.required = True
@@ -607,7 +591,7 @@ def one_line_errors(module, prog):
 
 def _patch_validate(module):
     validate_defaults_from_checkpoint(module)
-    one_line_errors(module, "fairseq-validate")
+    one_line_cli_errors(module, "fairseq-validate")
 
 
 # ---------------------------------------------------------------- 11. fp16 optimizers off CUDA
@@ -667,7 +651,7 @@ _POST_IMPORT = {
     "fairseq.optim.fp16_optimizer": fp16_optimizer_on_any_device,
     "fairseq.trainer": trainer_overflow_without_cuda,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
-    "fairseq_cli.train": lambda module: one_line_errors(module, "fairseq-train"),
+    "fairseq_cli.train": lambda module: one_line_cli_errors(module, "fairseq-train"),
     "fairseq_cli.validate": _patch_validate,
     "hydra.core.plugins": hydra_plugin_scan_without_find_module,
     "fairseq.dataclass.utils": _patch_loaded_hydra,

@@ -28,8 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fairseq_idpg.errors import one_line_errors, refuse
-from fairseq_idpg_compat import has_flag
+from fairseq_idpg.errors import has_flag, one_line_errors, refuse
 
 FAIRSEQ_TRAIN = "fairseq-train"
 

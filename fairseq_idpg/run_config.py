@@ -6,11 +6,11 @@
 
 Each field is a flag: its ``option(...)`` carries the help, the group in ``--help``, the check its value
 must pass and the options it excludes, and the parser is generated from the fields (the type from the
-annotation: ``bool`` is a switch, ``Optional[int]`` an int that may be absent). ``extra_args`` holds
-the flags that are not run.sh's: they go to fairseq-train as given. ``validate()`` turns an impossible
-request into one line naming the flag. run.py resolves the request into the run's configuration (the
-recipe's lr, the updates, the data's provenance: ``config.json``, whose hash names the run folder);
-``RunConfig.from_config`` reads that back as the request that makes the same run.
+annotation: ``bool`` is a switch, ``Optional[int]`` an int that may be absent). ``extra_args`` holds the
+flags that are not run.sh's: they go to fairseq-train as given. ``validate()`` turns an impossible
+request into one line naming the flag. The main job (``fairseq_idpg/run/``) resolves the request into the
+run's configuration (the recipe's lr, the updates, the data's provenance: ``config.json``, whose hash
+names the run folder); ``RunConfig.from_config`` reads that back as the request that makes the same run.
 
 A new run option is one field here (``config=True`` when it changes what is trained: it is then written
 to config.json, and so hashed, when it is not at its default, so that finished runs keep their folder)

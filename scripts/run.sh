@@ -4,5 +4,5 @@
 #   scripts/run.sh RTE --method lora --model roberta.large --seed 2   # after scripts/download.sh roberta large
 #   scripts/run.sh MNLI --method inducer-lora --model roberta.large --dry-run   # budget + command only
 # One folder per configuration (checkpoints/<model>/<task>/<method>/lr<lr>.seed<seed>.<hash>): the same
-# command again reports its result or resumes it; --restart retrains. See fairseq_idpg/run.py, docs/training.md.
+# command again reports its result or resumes it; --restart retrains. See fairseq_idpg/run/, docs/training.md.
 exec "${PYTHON:-python3}" -m fairseq_idpg.run "$@"

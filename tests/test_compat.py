@@ -272,7 +272,8 @@ def test_resume_from_damaged_last_takes_the_newest_intact_checkpoint(tmp_path, c
     from fairseq import checkpoint_utils
     from fairseq.dataclass.configs import CheckpointConfig
 
-    from fairseq_idpg_compat import ConfigError, checkpoint_num_updates, resume_checkpoint
+    from fairseq_idpg.errors import ConfigError
+    from fairseq_idpg_compat import checkpoint_num_updates, resume_checkpoint
 
     for name, updates in [("checkpoint_best.pt", 2), ("checkpoint_1_4.pt", 4), ("checkpoint_1_5.pt", 5)]:
         torch.save(_training_state(updates), tmp_path / name)

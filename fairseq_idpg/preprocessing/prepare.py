@@ -12,7 +12,7 @@ preprocess into a temporary sibling of ``out`` that is renamed into place at the
 
 ``provenance`` records the raw folder, the sha256 of each raw file and of the BPE files, and the
 sampling options; ``provenance_differences`` says why a prepared folder is not what the same
-options would prepare now (the main job, ``fairseq_idpg/run.py``, prepares again then).
+options would prepare now (the main job, ``fairseq_idpg/run/``, prepares again then).
 """
 
 import contextlib

@@ -41,7 +41,7 @@ def record_files(folder: Path) -> List[Path]:
 
 
 def model_name(model: str) -> str:
-    """``standin``, ``roberta.large``, or a model folder's last name (as run.py names checkpoints/)."""
+    """``standin``, ``roberta.large``, or a model folder's last name (as run.sh names checkpoints/)."""
     return Path(str(model)).name or str(model)
 
 
@@ -85,7 +85,7 @@ def row_of(record: dict, path: Path) -> dict:
     if missing:
         raise RecordsError(f"{path}: not a run record (no {', '.join(missing)})")
     results, metric, select_on = record["results"], record["metric"], record["select_on"]
-    diverged = bool(record.get("diverged"))  # a result without scores (run.py: a NaN or inf loss)
+    diverged = bool(record.get("diverged"))  # a result without scores (run.sh: a NaN or inf loss)
     split = select_on if diverged else reported_split(results, select_on)
     provenance = ((record.get("config") or {}).get("data") or {}).get("provenance") or {}
     head_lr = (record.get("config") or {}).get("head_lr")  # absent: the head trained at the lr

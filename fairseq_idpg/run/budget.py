@@ -102,7 +102,7 @@ def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_fre
     )  # fmt: skip
 
 
-def describe(budget, recipe, extra=()):
+def budget_line(budget, recipe, extra=()):
     """The budget line: batch and its layout, epochs and updates, lr and schedule, selection."""
     b, decay = budget, recipe.scheduler == "polynomial_decay"
     overridden = [f for f in ("--clip-norm", "--lr-scheduler", "--warmup-updates", "--weight-decay") if f in extra]

@@ -3,9 +3,8 @@ flags, fairseq's parser, and the model built on the meta device."""
 
 import sys
 
-from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.errors import ConfigError, argparse_error, flag_value
 from fairseq_idpg.layout import REPO
-from fairseq_idpg_compat import flag_value
 
 
 def check_train_command(train, dictionary=None):
@@ -22,7 +21,7 @@ def check_train_command(train, dictionary=None):
     from fairseq_idpg.errors import option_checks
     from fairseq_idpg.launch import build_command
     from fairseq_idpg.models.build import on_meta_device, stub_task
-    from fairseq_idpg_compat import check_values, refuse
+    from fairseq_idpg_compat import check_values
 
     ours, args = train[3 : train.index("--")], train[train.index("--") + 1 :]
     try:  # the flags the launcher owns
@@ -30,7 +29,7 @@ def check_train_command(train, dictionary=None):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     parser = options.get_training_parser()
-    parser.error = refuse  # argparse would print its usage and exit
+    parser.error = argparse_error  # argparse would print its usage and exit
     args = options.parse_args_and_arch(parser, input_args=[str(a) for a in args])
     check_values(args, args)
     vocabulary = Dictionary()

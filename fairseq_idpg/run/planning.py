@@ -12,7 +12,7 @@ from typing import Any
 
 from fairseq_idpg.errors import ConfigError, RunError
 from fairseq_idpg.run.backbone import find_backbone, sha256, weights_sha256
-from fairseq_idpg.run.budget import decide_budget, describe, lr_and_batch
+from fairseq_idpg.run.budget import budget_line, decide_budget, lr_and_batch
 from fairseq_idpg.run.command import check_train_command, train_command
 from fairseq_idpg.run.identity import config_hash, model_settings, run_name
 from fairseq_idpg.run.prepared import data_for
@@ -74,7 +74,7 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
     save = Path(request.work_dir) / "checkpoints" / backbone.name / task / request.method / name
     save = save if folder is None else Path(folder)
     train = train_command(request, method, recipe, backbone, data.folder, budget, save)
-    log(f"budget: {describe(budget, recipe, request.extra_args)}")
+    log(f"budget: {budget_line(budget, recipe, request.extra_args)}")
     log(f"run folder: {save}", flush=True)
     scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
     argv = request.argv() if argv is None else argv

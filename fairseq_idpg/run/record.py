@@ -84,7 +84,7 @@ def write_record(p, results, diverged=None):
         "run": save.name,
         "git": git_state(),
         "timings": timings,
-        "device": device_name(),  # what the timings (and CUDA's own random streams) were measured on
+        "device": training_device(),  # what the timings (and CUDA's own random streams) were measured on
         # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
         "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -93,7 +93,7 @@ def write_record(p, results, diverged=None):
     (save / "results.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
-def device_name():
+def training_device():
     """Where fairseq-train ran: the first visible CUDA device's name (as fairseq picks it), else "cpu"."""
     import torch
 
