@@ -755,12 +755,8 @@ def main(argv=None):
         return 130
 
 
-def sweep(opts):
-    from fairseq_idpg import sweep_estimate as estimate
-
-    slots = local_slots(opts.jobs, opts.runs_per_gpu, opts.threads) if opts.executor == "local" else None
-    parallel, device, where = estimate.parallelism(opts, slots)
-    measured = estimate.sources(opts.timings, device)  # a bad --timings file: one line before anything runs
+def _narrowed_spec(opts):
+    """The specification with --tasks, --methods, --seeds, --max-update and --model applied."""
     try:
         seeds = split(opts.seeds, int)
     except ValueError:
@@ -768,53 +764,44 @@ def sweep(opts):
     tasks = split(opts.tasks)
     if tasks:
         tasks = [_task(t, "--tasks") for t in tasks]
-    spec = load_spec(opts.spec, opts.model, tasks, split(opts.methods), seeds, opts.max_update)
-    opts.model = spec.model
-    sweep_dir = Path(opts.work_dir) / "sweeps" / spec.name
-    records = Path(opts.records) if opts.records else sweep_dir / "records"
-    print(summary(spec, spec.runs), flush=True)
+    return load_spec(opts.spec, opts.model, tasks, split(opts.methods), seeds, opts.max_update)
 
-    missing = check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
-    # every run decided first: data prepared (one folder at a time), folders known, finished ones found
+
+def _plan_runs(runs, model, opts):
+    """[(run, plan)] for every run, in order; a line every 50 runs when preparing data takes a while."""
     plans = []
-    for i, run in enumerate(spec.runs):
+    for i, run in enumerate(runs):
         if not opts.dry_run and (i % 50 == 0):
-            print(f"planning {i + 1}-{min(i + 50, len(spec.runs))} of {len(spec.runs)} ...", flush=True)
-        plans.append((run, plan_run(run, spec.model, opts.work_dir, opts.dry_run)))
-    finished = [(r, p) for r, p in plans if p.finished]
-    elsewhere = {r.name: path for r, p in plans if not p.finished and (path := recorded(r, p, records))}
-    # seed by seed: an unfinished sweep's table has every cell's first seeds rather than some cells' all
-    pending = sorted(
-        ((r, p) for r, p in plans if not p.finished and r.name not in elsewhere), key=lambda item: item[0].seed
+            print(f"planning {i + 1}-{min(i + 50, len(runs))} of {len(runs)} ...", flush=True)
+        plans.append((run, plan_run(run, model, opts.work_dir, opts.dry_run)))
+    return plans
+
+
+def _print_plan(plans, elsewhere, pending):
+    """The dry run's listing: every run with its state, then the counts."""
+    for run, p in plans:
+        print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + describe(run, p))
+    finished = sum(1 for _, p in plans if p.finished)
+    updates = sum(p.config["updates"] for _, p in plans)
+    print(
+        f"{len(plans)} runs, {finished} finished, "
+        + (f"{len(elsewhere)} recorded elsewhere, " if elsewhere else "")
+        + f"{len(pending)} to run; {updates:,} updates in all"
     )
-    if opts.dry_run:
-        for run, p in plans:
-            print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + describe(run, p))
-        updates = sum(p.config["updates"] for _, p in plans)
-        print(
-            f"{len(plans)} runs, {len(finished)} finished, "
-            + (f"{len(elsewhere)} recorded elsewhere, " if elsewhere else "")
-            + f"{len(pending)} to run; {updates:,} updates in all"
-        )
-        if not all(p.complete for _, p in plans):
-            print("(<hash>: known once the model file and the prepared data exist)")
-        print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
-        warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
+    if not all(p.complete for _, p in plans):
+        print("(<hash>: known once the model file and the prepared data exist)")
 
-        return 0
 
-    for run, p in finished:  # records of runs finished before (by this or another sweep, or run.sh)
+def _record_earlier(finished, elsewhere, records):
+    """Records of runs finished before (by this or another sweep, or run.sh); those of other checkouts named."""
+    for run, p in finished:
         record(run, p, records)
     for name, path in elsewhere.items():
         print(f"recorded: {name} finished in another checkout, not run again ({path})")
-    failures = Failures(sweep_dir / "failures.json")
-    progress = SweepProgress(spec.name, len(plans), len(finished) + len(elsewhere), 1)
-    print(progress.line(), flush=True)
-    if pending:
-        if opts.executor == "local":
-            run_local(pending, opts, sweep_dir, progress, failures, records)
-        else:
-            follow(submit(pending, opts, sweep_dir), progress, failures, records)
+
+
+def _outcome(plans, spec, progress, failures, records, sweep_dir):
+    """The closing lines (progress, where the records are, runs skipped or failed); the exit status."""
     failed = [r.name for r, _ in plans if r.name in failures.items]
     print(progress.line())
     print(f"records: {records}  (python -m fairseq_idpg.results {records}"
@@ -831,6 +818,45 @@ def sweep(opts):
             print(f"  {name}: exit {entry.get('exit', '?')}, log {entry.get('log', entry.get('job'))}")
         return 1
     return 0
+
+
+def sweep(opts):
+    from fairseq_idpg import sweep_estimate as estimate
+
+    slots = local_slots(opts.jobs, opts.runs_per_gpu, opts.threads) if opts.executor == "local" else None
+    parallel, device, where = estimate.parallelism(opts, slots)
+    measured = estimate.sources(opts.timings, device)  # a bad --timings file: one line before anything runs
+    spec = _narrowed_spec(opts)
+    opts.model = spec.model
+    sweep_dir = Path(opts.work_dir) / "sweeps" / spec.name
+    records = Path(opts.records) if opts.records else sweep_dir / "records"
+    print(summary(spec, spec.runs), flush=True)
+
+    missing = check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
+    # every run decided first: data prepared (one folder at a time), folders known, finished ones found
+    plans = _plan_runs(spec.runs, spec.model, opts)
+    finished = [(r, p) for r, p in plans if p.finished]
+    elsewhere = {r.name: path for r, p in plans if not p.finished and (path := recorded(r, p, records))}
+    # seed by seed: an unfinished sweep's table has every cell's first seeds rather than some cells' all
+    pending = sorted(
+        ((r, p) for r, p in plans if not p.finished and r.name not in elsewhere), key=lambda item: item[0].seed
+    )
+    if opts.dry_run:
+        _print_plan(plans, elsewhere, pending)
+        print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
+        warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
+        return 0
+
+    _record_earlier(finished, elsewhere, records)
+    failures = Failures(sweep_dir / "failures.json")
+    progress = SweepProgress(spec.name, len(plans), len(finished) + len(elsewhere), 1)
+    print(progress.line(), flush=True)
+    if pending:
+        if opts.executor == "local":
+            run_local(pending, opts, sweep_dir, progress, failures, records)
+        else:
+            follow(submit(pending, opts, sweep_dir), progress, failures, records)
+    return _outcome(plans, spec, progress, failures, records, sweep_dir)
 
 
 if __name__ == "__main__":

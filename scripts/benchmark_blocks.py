@@ -102,7 +102,7 @@ def sync(device):
 def time_all(args, device):
     tokens, labels = batch(args, device)
     built = {name: build(name, args, device) for name in args.methods}
-    for name, (model, optimizer) in built.items():
+    for model, optimizer in built.values():
         for _ in range(args.warmup):
             step(model, optimizer, tokens, labels)
     cpu_clock = device.type == "cpu" and args.threads == 1  # thread CPU time is the whole step's
@@ -173,7 +173,7 @@ def peak_of_first_step(model, optimizer, tokens, labels, device):
     return (rss_kb("VmHWM") - before) / 1024
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--dim", type=int, default=384)
@@ -205,15 +205,12 @@ def main(argv=None):
             if unknown
             else "--methods must include lora and finetune (the ratios' baselines)"
         )
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    return args
 
-    if args.memory_of:
-        saved, peak = memory_of(args.memory_of, args, device)
-        print(json.dumps({"saved_mib": saved, "peak_mib": peak}))
-        return 0
 
-    times, walls, trainable, clock = time_all(args, device)
+def memory_in_subprocesses(args):
+    """(peak MiB, saved-for-backward MiB) per method, each measured in a fresh subprocess of this script
+    (``--memory-of NAME``), so no method's memory is counted in another's."""
     shape = ("layers", "dim", "heads", "ffn", "vocab", "batch", "length", "threads", "device")
     passthrough = [f"--{k}={getattr(args, k)}" for k in shape]
     memory, saved = {}, {}
@@ -223,7 +220,14 @@ def main(argv=None):
         )
         numbers = json.loads(out.stdout.strip().splitlines()[-1])
         memory[name], saved[name] = numbers["peak_mib"], numbers["saved_mib"]
+    return memory, saved
 
+
+def print_table(args, device, clock, numbers):
+    """The shape, one row per method (with the ratios to LoRA and fine-tuning) and how it was measured."""
+    times, walls, memory, saved, trainable = (
+        numbers[k] for k in ("step_s", "wall_s", "peak_mib", "saved_mib", "trainable")
+    )
     how = "CUDA max_memory_allocated" if device.type == "cuda" else "peak RSS (VmHWM) delta"
     print(
         f"shape: {args.layers} layers x {args.dim}, {args.heads} heads, ffn {args.ffn}, vocab {args.vocab}; "
@@ -243,21 +247,25 @@ def main(argv=None):
     print(f"step time: {clock}; memory: {how} of the first training step (activations, gradients, Adam state)")
     if "inducer" in times:
         print(f"inducer-tuning / LoRA step time: {times['inducer'] / times['lora']:.2f} (goal <= 1.20)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    if args.memory_of:
+        saved, peak = memory_of(args.memory_of, args, device)
+        print(json.dumps({"saved_mib": saved, "peak_mib": peak}))
+        return 0
+
+    times, walls, trainable, clock = time_all(args, device)
+    memory, saved = memory_in_subprocesses(args)
+    numbers = {"step_s": times, "wall_s": walls, "peak_mib": memory, "saved_mib": saved, "trainable": trainable}
+    print_table(args, device, clock, numbers)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "args": vars(args),
-                    "clock": clock,
-                    "step_s": times,
-                    "wall_s": walls,
-                    "peak_mib": memory,
-                    "saved_mib": saved,
-                    "trainable": trainable,
-                },
-                f,
-                indent=1,
-            )
+            json.dump({"args": vars(args), "clock": clock, **numbers}, f, indent=1)
     return 0
 
 

@@ -251,23 +251,17 @@ def init_table(ours, theirs, pairs):
     return rows
 
 
-def check_preset(name, args, authors, state, dictionary, tokens, labels):
-    import torch
+def trainable(params):
+    """The names of the trained tensors among ``params`` (name -> Parameter)."""
+    return {n for n, p in params.items() if p.requires_grad}
 
-    block, settings = PRESETS[name]
-    from fairseq_idpg.interop.hf_backbone import model_cfg
 
-    layers = model_cfg(state)["encoder_layers"]
-    torch.manual_seed(args.seed)
-    ours = build_ours(name, args.model, dictionary, "unmasked")
-    theirs, _ = build_theirs(authors, state, settings, 2)
-    pairs = name_map(ours, layers)
-    o, t = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    ours_trained = {n for n, p in o.items() if p.requires_grad}
-    theirs_trained = {n for n, p in t.items() if p.requires_grad}
+def report_parameters(o, t, pairs):
+    """Both sides' trainable counts and the trained tensors the name map misses; a ``CheckError`` where a mapped
+    pair's sizes differ."""
+    ours_trained, theirs_trained = trainable(o), trainable(t)
     count = lambda names, params: sum(params[n].numel() for n in names)  # noqa: E731
     ours_head = {n for n in ours_trained if n.startswith("classification_heads.")}
-    print(f"\n== {name}  (ours: --blocks-preset {name}; theirs: run_glue.sh block '{block}')")
     print(
         f"trainable parameters: ours {count(ours_trained - ours_head, o):,} + head {count(ours_head, o):,}; "
         f"theirs {count(theirs_trained, t):,} (requires_grad after PETLEncModel; head trained: "
@@ -281,24 +275,41 @@ def check_preset(name, args, authors, state, dictionary, tokens, labels):
         if o[a].numel() != t[b].numel():
             raise CheckError(f"{a} {tuple(o[a].shape)} vs their {b} {tuple(t[b].shape)}: different sizes")
 
+
+def print_init_table(ours, theirs, pairs):
     print("initialisation (fresh draws, all layers):  tensor: ours std / max|x|  |  theirs std / max|x|")
     for kind, os_, om, ts, tm in init_table(ours, theirs, pairs):
         flag = "" if (os_ == ts == 0) or (min(os_, ts) > 0 and 0.8 < os_ / ts < 1.25) else "   <-- differs"
         print(f"  {kind:38s} {os_:.4g} / {om:.4g}  |  {ts:.4g} / {tm:.4g}{flag}")
 
-    print("lambda at initialisation, per layer (mean, share > 0.99) on the batch below: " + lambda_stats(ours, tokens))
 
-    # trained-like values: ours off its initialisation, the same values into theirs (the head too)
-    torch.manual_seed(args.seed + 1)
+def perturb_shared(o, t, pairs, seed, std):
+    """Trained-like values: ours off its initialisation, the same values into theirs (the head too)."""
+    import torch
+
+    torch.manual_seed(seed)
     with torch.no_grad():
-        for n in sorted(ours_trained):
-            o[n].add_(torch.randn_like(o[n]) * args.perturb)
+        for n in sorted(trainable(o)):
+            o[n].add_(torch.randn_like(o[n]) * std)
         for a, b in pairs:
             t[b].copy_(o[a].reshape(t[b].shape))
     for b in (b for _, b in pairs):  # their head is frozen (no ef_): give it a gradient to compare, not to train
         t[b].requires_grad_(True)
 
-    # exact comparison: no padding (each sentence cut to the shortest one's length, </s> kept)
+
+def gradient_gaps(o, t, pairs):
+    """Per tensor kind: [max|ours - theirs|, max|ours|] of the gradients, over the layers."""
+    grads = {}
+    for a, b in pairs:
+        ga, gb = o[a].grad, t[b].grad
+        entry = grads.setdefault(kind_of(a), [0.0, 0.0])
+        entry[0] = max(entry[0], (ga.reshape(gb.shape) - gb).abs().max().item())
+        entry[1] = max(entry[1], ga.abs().max().item())
+    return grads
+
+
+def compare_unpadded(ours, theirs, o, t, pairs, tokens, labels):
+    """The exact comparison: no padding (each sentence cut to the shortest one's length, </s> kept)."""
     same = unpadded(tokens)
     logits_o, hid_o = run_ours(ours, same, labels)
     logits_t, hid_t = run_theirs(theirs, same, labels)
@@ -308,18 +319,16 @@ def check_preset(name, args, authors, state, dictionary, tokens, labels):
         print(f"  {what:10s} max|ours - theirs| {(x - y).abs().max().item():.2e}   (|h| <= {x.abs().max():.1f})")
     gap = (logits_o - logits_t).abs().max().item()
     print(f"  logits     max|ours - theirs| {gap:.2e}   (|logit| <= {logits_o.abs().max():.2f})")
-    grads = {}
-    for a, b in pairs:
-        ga, gb = o[a].grad, t[b].grad
-        entry = grads.setdefault(kind_of(a), [0.0, 0.0])
-        entry[0] = max(entry[0], (ga.reshape(gb.shape) - gb).abs().max().item())
-        entry[1] = max(entry[1], ga.abs().max().item())
     print("gradients of the cross-entropy (max over layers):  tensor: max|ours - theirs|  (max|grad|)")
-    for kind, (gap, size) in grads.items():
+    for kind, (gap, size) in gradient_gaps(o, t, pairs).items():
         print(f"  {kind:42s} {gap:.2e}  ({size:.2e})")
 
-    # padded batch: the released lambda reads padded keys, whose hidden states are each implementation's own
-    # (fairseq zeroes padded embeddings, transformers does not); our default masks them out
+
+def compare_padded(name, args, dictionary, ours, o, theirs, tokens, labels):
+    """The padded batch: the released lambda reads padded keys, whose hidden states are each implementation's
+    own (fairseq zeroes padded embeddings, transformers does not); our default masks them out."""
+    import torch
+
     masked = build_ours(name, args.model, dictionary, "masked")
     with torch.no_grad():
         for n, p in masked.named_parameters():
@@ -334,6 +343,27 @@ def check_preset(name, args, authors, state, dictionary, tokens, labels):
         f"{gap(logits_u, logits_t)}; ours masked (default) vs theirs {gap(logits_m, logits_t)}; "
         f"ours masked vs unmasked {gap(logits_m, logits_u)}"
     )
+
+
+def check_preset(name, args, authors, state, dictionary, tokens, labels):
+    import torch
+
+    block, settings = PRESETS[name]
+    from fairseq_idpg.interop.hf_backbone import model_cfg
+
+    layers = model_cfg(state)["encoder_layers"]
+    torch.manual_seed(args.seed)
+    ours = build_ours(name, args.model, dictionary, "unmasked")
+    theirs, _ = build_theirs(authors, state, settings, 2)
+    pairs = name_map(ours, layers)
+    o, t = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    print(f"\n== {name}  (ours: --blocks-preset {name}; theirs: run_glue.sh block '{block}')")
+    report_parameters(o, t, pairs)
+    print_init_table(ours, theirs, pairs)
+    print("lambda at initialisation, per layer (mean, share > 0.99) on the batch below: " + lambda_stats(ours, tokens))
+    perturb_shared(o, t, pairs, args.seed + 1, args.perturb)
+    compare_unpadded(ours, theirs, o, t, pairs, tokens, labels)
+    compare_padded(name, args, dictionary, ours, o, theirs, tokens, labels)
 
 
 def lambda_stats(model, tokens):

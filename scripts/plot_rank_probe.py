@@ -43,7 +43,9 @@ def plot(size, points, out, title):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("plot_rank_probe.py: error: matplotlib is needed for the plot (pip install matplotlib)")
+        raise SystemExit(
+            "plot_rank_probe.py: error: matplotlib is needed for the plot (pip install matplotlib)"
+        ) from None
     if size is not None:
         points = [(0, size)] + [p for p in points if p[0] > 0]  # every s_i starts positive
     steps = [u for u, _ in points]

@@ -21,6 +21,7 @@ Timed: CUDA wall time (synchronised) on a GPU; on the CPU the process's CPU time
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, List, Optional
 
 import torch
@@ -193,7 +194,7 @@ def compare(model_dir, device, precisions, batch_size, tokens, steps=20, warmup=
     hf_forward = lambda m: m(input_ids=batch, attention_mask=mask).logits  # noqa: E731
     for precision in precisions:
         for kind, record in PEFT_PAIRS.items():
-            measure(f"step:{record}", precision, lambda: ours(model_dir, record, sizes, dictionary), fairseq_forward)
+            measure(f"step:{record}", precision, partial(ours, model_dir, record, sizes, dictionary), fairseq_forward)
             try:
                 peft = peft_model(hf_roberta(state, sizes), kind)
                 with torch.no_grad():  # PEFT refuses some models only at the first forward

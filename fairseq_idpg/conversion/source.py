@@ -51,9 +51,8 @@ def _config_int(config: dict, key: str, config_file: str) -> int:
     return value
 
 
-def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource:
-    """Read and check ``config.json`` and the presence of weights and vocabulary files."""
-    hf_dir = os.path.abspath(hf_dir)
+def _read_config(hf_dir: str):
+    """(config_file, config): ``config.json`` of ``hf_dir`` read as a JSON object."""
     if not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir}: expected a Hugging Face model folder, not found")
     config_file = os.path.join(hf_dir, "config.json")
@@ -66,17 +65,21 @@ def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource
         raise ConversionError(f"{config_file}: expected a JSON object ({e})") from None
     if not isinstance(config, dict):
         raise ConversionError(f"{config_file}: expected a JSON object")
+    return config_file, config
+
+
+def _model_type(config: dict, config_file: str) -> str:
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ConversionError(
             f"{config_file}: unsupported model_type {model_type!r} (expected one of "
             f"{', '.join(map(repr, SUPPORTED_MODEL_TYPES))})"
         )
-    layers = _config_int(config, "num_hidden_layers", config_file)
-    dim = _config_int(config, "hidden_size", config_file)
-    heads = _config_int(config, "num_attention_heads", config_file)
-    ffn = _config_int(config, "intermediate_size", config_file)
-    source_positions = _config_int(config, "max_position_embeddings", config_file)
+    return model_type
+
+
+def _encoder_activation(config: dict, config_file: str, dim: int, heads: int) -> str:
+    """The HF ``hidden_act`` of an encoder-only model with absolute positions that fairseq can express."""
     if dim % heads:
         raise ConversionError(f"{config_file}: hidden_size {dim} is not divisible by num_attention_heads {heads}")
     act = config.get("hidden_act", "gelu")
@@ -89,6 +92,13 @@ def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource
         raise ConversionError(f"{config_file}: unsupported position_embedding_type {pos_type!r} (expected 'absolute')")
     if config.get("is_decoder") or config.get("add_cross_attention"):
         raise ConversionError(f"{config_file}: expected an encoder-only model (is_decoder is set)")
+    return act
+
+
+def _max_positions(
+    config: dict, config_file: str, model_type: str, source_positions: int, max_positions: Optional[int]
+) -> int:
+    """``max_positions`` (all the checkpoint's positions when None), checked against what it has."""
     if model_type == "roberta":
         if config.get("pad_token_id", FAIRSEQ_PAD) != FAIRSEQ_PAD:
             raise ConversionError(
@@ -99,13 +109,16 @@ def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource
     else:
         available = source_positions
     if max_positions is None:
-        max_positions = available
-    elif not 0 < max_positions <= available:
+        return available
+    if not 0 < max_positions <= available:
         raise ConversionError(
             f"{config_file}: --max-positions {max_positions} is out of range (the checkpoint has "
             f"positions for 1..{available} tokens)"
         )
+    return max_positions
 
+
+def _weights_file(hf_dir: str) -> str:
     weights_file = next(
         (os.path.join(hf_dir, w) for w in WEIGHT_FILES if os.path.isfile(os.path.join(hf_dir, w))), None
     )
@@ -113,11 +126,32 @@ def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource
         raise ConversionError(
             f"{hf_dir}: no weights file (expected {' or '.join(WEIGHT_FILES)}; sharded checkpoints are not supported)"
         )
+    return weights_file
+
+
+def _vocab_files(hf_dir: str, model_type: str) -> Dict[str, str]:
     names = ("vocab.txt",) if model_type == "bert" else ("vocab.json", "merges.txt")
     vocab_files = {n: os.path.join(hf_dir, n) for n in names}
     for name, path in vocab_files.items():
         if not os.path.isfile(path):
             raise ConversionError(f"{path}: not found (expected the {model_type} vocabulary file {name})")
+    return vocab_files
+
+
+def inspect_source(hf_dir: str, max_positions: Optional[int] = None) -> HFSource:
+    """Read and check ``config.json`` and the presence of weights and vocabulary files."""
+    hf_dir = os.path.abspath(hf_dir)
+    config_file, config = _read_config(hf_dir)
+    model_type = _model_type(config, config_file)
+    layers = _config_int(config, "num_hidden_layers", config_file)
+    dim = _config_int(config, "hidden_size", config_file)
+    heads = _config_int(config, "num_attention_heads", config_file)
+    ffn = _config_int(config, "intermediate_size", config_file)
+    source_positions = _config_int(config, "max_position_embeddings", config_file)
+    act = _encoder_activation(config, config_file, dim, heads)
+    max_positions = _max_positions(config, config_file, model_type, source_positions, max_positions)
+    weights_file = _weights_file(hf_dir)
+    vocab_files = _vocab_files(hf_dir, model_type)
     return HFSource(
         hf_dir=hf_dir,
         model_type=model_type,

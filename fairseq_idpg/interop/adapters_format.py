@@ -345,54 +345,85 @@ def phm_rule(tensors, key, shared, folder):
     raise ConfigError(f"{folder}: {WEIGHTS} lacks {key}.phm_rule (and no shared one)")
 
 
-def imported_state(tensors, head_tensors, hf, model, head, name, folder):
-    """Our state entries from adapters' ``tensors`` (and the head's); ``NotExpressible`` where down- and
-    up-projection of one Compacter adapter have different A sets (ours shares one)."""
+def stored(source, key, folder):
+    """``source[key]``; a ``ConfigError`` naming the key where the folder lacks it."""
+    if key not in source:
+        raise ConfigError(f"{folder}: lacks {key}")
+    return source[key]
+
+
+def imported_projection(tensors, theirs, mine, phm, folder):
+    """One projection's entries: a PHM layer's factors (W_left, W_right) and bias, else a linear layer's."""
+    pairs = (("W_left", "s"), ("W_right", "t"), ("b", "bias")) if phm else (("weight", "weight"), ("bias", "bias"))
+    return {f"{mine}.{ours}": stored(tensors, f"{theirs}.{key}", folder) for key, ours in pairs}
+
+
+def imported_adapter(tensors, base, mine, block, shared, where, folder):
+    """One adapter's entries; a Compacter's one A set where its down- and up-projection's agree."""
+    state, rules = {}, []
+    for part, theirs in (("down", "adapter_down.0"), ("up", "adapter_up")):
+        phm = hasattr(getattr(block, part), "s")
+        state.update(imported_projection(tensors, f"{base}.{theirs}", f"{mine}.{part}", phm, folder))
+        if phm:
+            rules.append(phm_rule(tensors, f"{base}.{theirs}", shared, folder))
+    if rules:
+        if not torch.equal(rules[0], rules[1]):
+            raise NotExpressible(
+                f"{folder}: {where} Compacter has different A sets in its down- and "
+                f"up-projection; ours shares one per adapter (IDPG appendix A.1.2)"
+            )
+        state[f"{mine}.A"] = rules[0]
+    return state
+
+
+def imported_adapters(tensors, hf, model, name, folder):
+    """The entries of every adapter ``model`` has, layer by layer."""
     state = {}
-
-    def take(key, ours, source=tensors):
-        if key not in source:
-            raise ConfigError(f"{folder}: lacks {key}")
-        state[ours] = source[key]
-
     shared = f"{hf.base}.shared_parameters.{name}"
     for i, layer in enumerate(model.encoder.sentence_encoder.layers):
         for ours, location in LOCATIONS.items():
             block = getattr(layer, ours, None)
-            if block is None:
-                continue
-            base, mine = f"{hf.layer(i, location)}.adapters.{name}", LAYER.format(i=i) + ours
-            rules = []
-            for part, theirs in (("down", "adapter_down.0"), ("up", "adapter_up")):
-                if hasattr(getattr(block, part), "s"):
-                    take(f"{base}.{theirs}.W_left", f"{mine}.{part}.s")
-                    take(f"{base}.{theirs}.W_right", f"{mine}.{part}.t")
-                    take(f"{base}.{theirs}.b", f"{mine}.{part}.bias")
-                    rules.append(phm_rule(tensors, f"{base}.{theirs}", shared, folder))
-                else:
-                    take(f"{base}.{theirs}.weight", f"{mine}.{part}.weight")
-                    take(f"{base}.{theirs}.bias", f"{mine}.{part}.bias")
-            if rules:
-                if not torch.equal(rules[0], rules[1]):
-                    raise NotExpressible(
-                        f"{folder}: layer {i}'s {location} Compacter has different A sets in its down- and "
-                        f"up-projection; ours shares one per adapter (IDPG appendix A.1.2)"
-                    )
-                state[f"{mine}.A"] = rules[0]
+            if block is not None:
+                base, mine = f"{hf.layer(i, location)}.adapters.{name}", LAYER.format(i=i) + ours
+                where = f"layer {i}'s {location}"
+                state.update(imported_adapter(tensors, base, mine, block, shared, where, folder))
+    return state
+
+
+def imported_prefix(tensors, hf, model, name, folder):
+    """The prefix encoder's entries (none without one): its flat key/values, else its MLP's weights."""
     prefix = getattr(model, "prefix_encoder", None)
-    if prefix is not None:
-        base = f"{hf.base}.prefix_tuning.prefix_tunings.{name}.self_prefix"
-        if f"{base}.control_trans" in tensors:  # flat: our stored form
-            kv = tensors[f"{base}.control_trans"].view(prefix.length, prefix.num_layers, 2, prefix.dim)
-            state["prefix_encoder.kv"] = kv.permute(1, 2, 0, 3).contiguous()
-        else:
-            for ours, theirs in PREFIX_MLP.items():
-                for key, _ in getattr(prefix, ours).named_parameters():
-                    take(f"{base}.{theirs}.{key}", f"prefix_encoder.{ours}.{key}")
+    if prefix is None:
+        return {}
+    base = f"{hf.base}.prefix_tuning.prefix_tunings.{name}.self_prefix"
+    if f"{base}.control_trans" in tensors:  # flat: our stored form
+        kv = tensors[f"{base}.control_trans"].view(prefix.length, prefix.num_layers, 2, prefix.dim)
+        return {"prefix_encoder.kv": kv.permute(1, 2, 0, 3).contiguous()}
+    return {
+        f"prefix_encoder.{ours}.{key}": stored(tensors, f"{base}.{theirs}.{key}", folder)
+        for ours, theirs in PREFIX_MLP.items()
+        for key, _ in getattr(prefix, ours).named_parameters()
+    }
+
+
+def imported_head(head_tensors, head, name, folder):
+    """The classification head's entries from the head's own tensors."""
+    state = {}
     for part, theirs in FLEX_HEAD.items():
         for kind in ("weight", "bias"):
-            take(f"{theirs.format(name=name)}.{kind}", HEAD_KEY.format(head=head, part=part, kind=kind), head_tensors)
+            key = HEAD_KEY.format(head=head, part=part, kind=kind)
+            state[key] = stored(head_tensors, f"{theirs.format(name=name)}.{kind}", folder)
     return state
+
+
+def imported_state(tensors, head_tensors, hf, model, head, name, folder):
+    """Our state entries from adapters' ``tensors`` (and the head's); ``NotExpressible`` where down- and
+    up-projection of one Compacter adapter have different A sets (ours shares one)."""
+    return {
+        **imported_adapters(tensors, hf, model, name, folder),
+        **imported_prefix(tensors, hf, model, name, folder),
+        **imported_head(head_tensors, head, name, folder),
+    }
 
 
 def check_head(head_config, folder):

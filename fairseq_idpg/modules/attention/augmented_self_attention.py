@@ -72,62 +72,92 @@ class AugmentedSelfAttention(Slots, MultiheadAttention):
             raise NotImplementedError("AugmentedSelfAttention is an encoder self-attention (no incremental state)")
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, dim = query.shape
-        heads, head_dim = self.num_heads, self.head_dim
-
-        x = query
-        q, k, v = (self._project(slot, x) for slot in ("q", "k", "v"))
-        q, k, v = (t.view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, T, d_h]
-
+        q, k, v = self._heads(query)  # [B, H, T, d_h]
         pad = key_padding_mask.bool() if key_padding_mask is not None else None
+        k, v, pad, attn_mask = self._prepend_prefixes(k, v, pad, attn_mask, q.dtype)
+        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+
+        output_blocks = self.attached("attention_output")
+        if not output_blocks and not need_weights:  # nothing reads the scores: torch's fused attention
+            mask = self._fused_mask(q, k, pad, attn_mask)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
+            weights, deltas = None, []
+        else:
+            scores, raw, probs_float, ctx = self._explicit_attention(q, k, v, pad, attn_mask, dropout_p)
+            weights = self._returned_weights(probs_float, need_weights, need_head_weights)
+            ctx, deltas = self._attend(output_blocks, q, ctx, scores, raw, probs_float, pad)
+
+        out = self.out_proj(ctx.permute(2, 0, 1, 3).reshape(tgt_len, bsz, dim))
+        for delta in deltas:
+            out = out + delta
+        return out, weights
+
+    def _heads(self, x):
+        """q, k, v of x [T, B, d] through their slots' blocks, each split into heads [B, H, T, d_h]."""
+        tgt_len, bsz, _ = x.shape
+        q, k, v = (self._project(slot, x) for slot in ("q", "k", "v"))
+        return tuple(t.view(tgt_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
+
+    def _prepend_prefixes(self, k, v, pad, attn_mask, dtype):
+        """k, v [B, H, S, d_h] with each keys_values block's prefixes (cast to ``dtype``, the queries') in
+        front; the padding mask [B, S] and attn_mask [T, S] widened to match (prefixes are never masked)."""
+        bsz, heads, _, head_dim = k.shape
         for block in self.attached("keys_values"):
             pk, pv = block.layer_kv(self.layer_index)  # [l, d] each
             length = pk.size(0)
             pk, pv = (
-                p.to(q.dtype).view(length, heads, head_dim).transpose(0, 1).expand(bsz, -1, -1, -1) for p in (pk, pv)
+                p.to(dtype).view(length, heads, head_dim).transpose(0, 1).expand(bsz, -1, -1, -1) for p in (pk, pv)
             )  # [B, H, l, d_h]
             k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
             if pad is not None:
                 pad = torch.cat([pad.new_zeros(bsz, length), pad], dim=1)
             if attn_mask is not None:
                 attn_mask = torch.cat([attn_mask.new_zeros(attn_mask.size(0), length), attn_mask], dim=1)
-        src_len = k.size(2)
-        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+        return k, v, pad, attn_mask
 
-        weights = None
-        output_blocks = self.attached("attention_output")
-        if not output_blocks and not need_weights:
-            mask = None
-            if attn_mask is not None:  # additive [T, S] (fairseq converts masks to large negatives)
-                mask = attn_mask.to(q.dtype)[None, None].expand(bsz, 1, tgt_len, src_len)
-                if pad is not None:
-                    mask = mask.masked_fill(pad[:, None, None, :], float("-inf"))
-            elif pad is not None:
-                mask = ~pad[:, None, None, :]  # True = attend
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
-        else:
-            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # [B, H, T, S]
-            if attn_mask is not None:
-                scores = scores + attn_mask.to(scores.dtype)
-            raw = scores
+    @staticmethod
+    def _fused_mask(q, k, pad, attn_mask):
+        """SDPA's mask: attn_mask (additive [T, S]; fairseq converts masks to large negatives) with padded
+        keys at -inf, or the padding alone as a boolean mask (True = attend), or None."""
+        if attn_mask is not None:
+            mask = attn_mask.to(q.dtype)[None, None].expand(q.size(0), 1, q.size(2), k.size(2))
             if pad is not None:
-                scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-            # softmax in (at least) float32 under fp16/bf16, as fairseq's attention does
-            probs_float = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-            probs = probs_float.type_as(scores)
-            ctx = torch.matmul(F.dropout(probs, dropout_p, True), v)  # [B, H, T, d_h]
-            if need_weights:
-                weights = probs_float.mean(dim=1) if not need_head_weights else probs_float.transpose(0, 1)
+                mask = mask.masked_fill(pad[:, None, None, :], float("-inf"))
+            return mask
+        if pad is not None:
+            return ~pad[:, None, None, :]
+        return None
 
+    def _explicit_attention(self, q, k, v, pad, attn_mask, dropout_p):
+        """(scores, raw, probs_float, ctx): the masked scores [B, H, T, S], those before padding's -inf,
+        their softmax in (at least) float32, and the heads' context [B, H, T, d_h]."""
+        scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))  # [B, H, T, S]
+        if attn_mask is not None:
+            scores = scores + attn_mask.to(scores.dtype)
+        raw = scores
+        if pad is not None:
+            scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+        # softmax in (at least) float32 under fp16/bf16, as fairseq's attention does
+        probs_float = F.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+        probs = probs_float.type_as(scores)
+        ctx = torch.matmul(F.dropout(probs, dropout_p, True), v)  # [B, H, T, d_h]
+        return scores, raw, probs_float, ctx
+
+    @staticmethod
+    def _returned_weights(probs_float, need_weights, need_head_weights):
+        """fairseq's returned weights: head-averaged [B, T, S], per head [H, B, T, S], or None."""
+        if not need_weights:
+            return None
+        return probs_float.mean(dim=1) if not need_head_weights else probs_float.transpose(0, 1)
+
+    def _attend(self, output_blocks, q, ctx, scores, raw, probs_float, pad):
+        """ctx through the attention_output blocks, and the output deltas [T, B, d] they return."""
         deltas = []
         for block in output_blocks:
             ctx, delta = block.attend(q, ctx, scores, raw, probs_float, pad, self.scaling)
             if delta is not None:
                 deltas.append(delta)
-
-        out = self.out_proj(ctx.permute(2, 0, 1, 3).reshape(tgt_len, bsz, dim))
-        for delta in deltas:
-            out = out + delta
-        return out, weights
+        return ctx, deltas
 
     def _project(self, slot, x):
         """The projection of ``slot`` ("q", "k" or "v") of x [T, B, d], through the blocks attached there."""
