@@ -32,6 +32,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from fairseq_idpg import metrics as glue_metrics
+from fairseq_idpg.errors import ConfigError
 
 COUNTS = ("tp", "fp", "fn", "tn")
 PAIRS = "pred_target"
@@ -107,7 +108,7 @@ class SentencePredictionMetricsCriterion(SentencePredictionCriterion):
         gathered = utils.move_to_cpu([[logging_output], sample_size])  # as the trainer sends
         size = GATHER_HEADER + len(pickle.dumps(gathered))
         if size > self.all_gather_list_size:
-            raise ValueError(
+            raise ConfigError(
                 f"sentence_prediction_metrics: a validation batch of {sample_size} "
                 f"regression examples needs {size} bytes to be gathered between workers, "
                 f"more than --all-gather-list-size {self.all_gather_list_size}; raise "

@@ -30,6 +30,8 @@ Table 1's EFL row was produced with EFL's own descriptions.
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
+from fairseq_idpg.errors import ConfigError
+
 KINDS = ("description", "pair")
 EFL_TABLE = "EFL (Wang et al. 2021) appendix table of label descriptions, wording as recalled (not re-checked)"
 EFL_PAIRS = "EFL: a sentence-pair task is already (premise, hypothesis); no description"
@@ -66,14 +68,14 @@ class Hypotheses:
         if self.per_class:
             return None
         if self.entailed_label not in labels:
-            raise ValueError(f"entailed label {self.entailed_label!r} is not one of the labels {', '.join(labels)}")
+            raise ConfigError(f"entailed label {self.entailed_label!r} is not one of the labels {', '.join(labels)}")
         return list(labels).index(self.entailed_label)
 
     def check(self, num_classes: int) -> None:
         if self.per_class and len(self.texts) != num_classes:
-            raise ValueError(f"{len(self.texts)} descriptions for {num_classes} classes (one per class, in order)")
+            raise ConfigError(f"{len(self.texts)} descriptions for {num_classes} classes (one per class, in order)")
         if not self.per_class and num_classes != 2:
-            raise ValueError(f"one description (or a pair) states a binary task, not {num_classes} classes")
+            raise ConfigError(f"one description (or a pair) states a binary task, not {num_classes} classes")
 
 
 def _one(text, label="1", source=EFL_TABLE):
@@ -102,7 +104,7 @@ REFUSED = {
 def hypotheses_for(task: str) -> Hypotheses:
     """The task's hypotheses; ``ValueError`` (one line) for a task EFL does not state."""
     if task in REFUSED:
-        raise ValueError(f"EFL does not apply to {task}: {REFUSED[task]}")
+        raise ConfigError(f"EFL does not apply to {task}: {REFUSED[task]}")
     if task not in DESCRIPTIONS:
-        raise ValueError(f"no EFL label description for task {task!r} (known: {', '.join(DESCRIPTIONS)})")
+        raise ConfigError(f"no EFL label description for task {task!r} (known: {', '.join(DESCRIPTIONS)})")
     return DESCRIPTIONS[task]

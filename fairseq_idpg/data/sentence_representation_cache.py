@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
+from fairseq_idpg.errors import MissingFile
+
 from .digest import file_sha256
 
 SLOT_SHIFT = 40  # example ids below 2**40; slots (one per loaded split) above
@@ -42,7 +44,7 @@ def dataset_identity(data_dir, split, dataset, **settings):
             if os.path.exists(path):
                 files[f"{column}/{split}.{ext}"] = file_sha256(path)
     if not files:
-        raise FileNotFoundError(f"no binarized files for split {split!r} under {data_dir}")
+        raise MissingFile(f"no binarized files for split {split!r} under {data_dir}")
     sizes = np.ascontiguousarray(np.asarray(dataset.sizes, dtype=np.int64))
     return {
         "split": split,

@@ -13,6 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
+from fairseq_idpg.errors import ConfigError
+
 FILE_NAME = "task.json"
 
 
@@ -42,7 +44,7 @@ class TaskInfo:
         known = {f.name for f in fields(cls)} - {"extra"}
         missing = [k for k in ("task", "num_classes", "regression", "pair", "metric", "splits") if k not in values]
         if missing:
-            raise ValueError(f"{FILE_NAME} lacks {', '.join(missing)} (rewrite it with scripts/prepare_data.py)")
+            raise ConfigError(f"{FILE_NAME} lacks {', '.join(missing)} (rewrite it with scripts/prepare_data.py)")
         extra = {k: v for k, v in values.items() if k not in known}
         return cls(**{k: v for k, v in values.items() if k in known}, extra=extra)
 
@@ -69,7 +71,7 @@ class TaskInfo:
             try:
                 return cls.from_dict(json.load(f))
             except (json.JSONDecodeError, ValueError) as e:
-                raise ValueError(f"{path}: {e}") from None
+                raise ConfigError(f"{path}: {e}") from None
 
     def write(self, data_dir) -> None:
         with open(self.path(data_dir), "w", encoding="utf-8") as f:

@@ -4,6 +4,8 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
+from fairseq_idpg.errors import ConfigError
+
 
 def longest_first_lengths(len_a, len_b, budget):
     """Kept lengths of two texts under longest-first truncation, vectorised.
@@ -46,7 +48,7 @@ class TruncatedSentencesDataset(BaseWrapperDataset):
         # specials: <s> ... </s>  (+ </s> ... </s> for pairs)
         n_special = 2 + (2 if second is not None else 0)
         if max_tokens < n_special:
-            raise ValueError(
+            raise ConfigError(
                 f"--max-positions leaves {max_tokens} tokens per example after the inserted "
                 f"tokens; at least {n_special} are needed for the special tokens"
             )

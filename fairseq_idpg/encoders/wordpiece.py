@@ -28,20 +28,20 @@ from fairseq.data import Dictionary
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
+from fairseq_idpg.errors import ConfigError, MissingFile
+
 BERT_TO_FAIRSEQ_SPECIALS = {"[CLS]": "<s>", "[PAD]": "<pad>", "[SEP]": "</s>", "[UNK]": "<unk>"}
 MASK = "[MASK]"
 
 
 def read_vocab(vocab_file: str) -> List[str]:
     if not os.path.isfile(vocab_file):
-        raise FileNotFoundError(
-            f"--wordpiece-vocab: {vocab_file} not found (expected a BERT vocab.txt, one token a line)"
-        )
+        raise MissingFile(f"--wordpiece-vocab: {vocab_file} not found (expected a BERT vocab.txt, one token a line)")
     with open(vocab_file, encoding="utf-8") as f:
         tokens = [line.rstrip("\n") for line in f]
     missing = [t for t in BERT_TO_FAIRSEQ_SPECIALS if t not in tokens]
     if missing:
-        raise ValueError(f"{vocab_file}: not a BERT WordPiece vocabulary, missing {', '.join(missing)}")
+        raise ConfigError(f"{vocab_file}: not a BERT WordPiece vocabulary, missing {', '.join(missing)}")
     return tokens
 
 
@@ -97,7 +97,7 @@ class WordpieceBPE(object):
         from tokenizers import BertWordPieceTokenizer
 
         if not cfg.wordpiece_vocab:
-            raise ValueError("--bpe wordpiece needs --wordpiece-vocab (the model's vocab.txt)")
+            raise ConfigError("--bpe wordpiece needs --wordpiece-vocab (the model's vocab.txt)")
         read_vocab(cfg.wordpiece_vocab)
         lowercase = False if cfg.wordpiece_cased else vocab_is_lowercase(cfg.wordpiece_vocab)
         self.tokenizer = BertWordPieceTokenizer(

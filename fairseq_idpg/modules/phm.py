@@ -13,11 +13,13 @@ einsum, then one matmul: the cost of a dense layer, with n^3 + in*out/n paramete
 import torch
 import torch.nn as nn
 
+from fairseq_idpg.errors import ConfigError
+
 
 def check_divisible(n, **dims):
     for name, value in dims.items():
         if n <= 0 or value % n:
-            raise ValueError(f"PHM n={n} must divide {name}={value}")
+            raise ConfigError(f"PHM n={n} must divide {name}={value}")
 
 
 def kron_sum(A, B):

@@ -11,6 +11,8 @@ sha256 are the recorded ones: text is never encoded with another vocabulary than
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fairseq_idpg.errors import ConfigError, MissingFile
+
 from ..data.digest import file_sha256
 from .prepare import bpe_files, encode
 
@@ -43,7 +45,7 @@ def find_data_bpe(info, given: Optional[str] = None) -> Tuple[str, Path]:
     provenance = info.provenance or {}
     bpe = provenance.get("bpe") or info.bpe
     if bpe not in SEARCHED:
-        raise ValueError(f"{info.task}: the data's BPE {bpe!r} is not one of {', '.join(SEARCHED)}")
+        raise ConfigError(f"{info.task}: the data's BPE {bpe!r} is not one of {', '.join(SEARCHED)}")
     recorded = provenance.get("bpe_sha256")
     places: List[Path] = [Path(given)] if given else SEARCHED[bpe]()
     for place in places:
@@ -51,7 +53,7 @@ def find_data_bpe(info, given: Optional[str] = None) -> Tuple[str, Path]:
             return bpe, place
     where = given or ", ".join(str(p) for p in places) or "models/"
     check = "with the sha256 recorded in task.json" if recorded else "(task.json records no sha256)"
-    raise ValueError(f"the {bpe} BPE files the data was prepared with were not found {check} in {where}; "
+    raise MissingFile(f"the {bpe} BPE files the data was prepared with were not found {check} in {where}; "
                      f"give --efl-bpe-path")  # fmt: skip
 
 

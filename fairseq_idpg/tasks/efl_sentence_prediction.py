@@ -31,7 +31,7 @@ from fairseq.tasks import register_task
 from omegaconf import OmegaConf, open_dict
 
 from fairseq_idpg.data.label_descriptions import hypotheses_for
-from fairseq_idpg.errors import option_checks
+from fairseq_idpg.errors import ConfigError, option_checks
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 from fairseq_idpg.optim import mark_head
@@ -79,12 +79,12 @@ class EflSentencePredictionTask(PeftSentencePredictionTask):
     def __init__(self, cfg, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
         if self.info is None:
-            raise ValueError(
+            raise ConfigError(
                 f"--task efl_sentence_prediction needs the task.json of {cfg.data} (scripts/prepare_data.py)"
             )
         self.hypotheses = hypotheses_for(self.info.task)  # one-line refusal for STS-B and MNLI
         if cfg.regression_target:
-            raise ValueError(f"EFL classifies {self.info.task} by entailment: drop --regression-target")
+            raise ConfigError(f"EFL classifies {self.info.task} by entailment: drop --regression-target")
         self.hypotheses.check(self.info.num_classes)
         self.entailed_index = self.hypotheses.entailed_index(self.info.labels)
         self.suffixes = self.suffix_lengths = self.bpe_place = None

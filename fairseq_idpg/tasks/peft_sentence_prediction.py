@@ -76,7 +76,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         """Reserve ``n`` positions per example for tokens a method inserts (prompts)."""
         n = int(n)
         if self.cfg.max_positions - n < MIN_INPUT_TOKENS:
-            raise ValueError(
+            raise ConfigError(
                 f"{n} inserted tokens do not fit --max-positions {self.cfg.max_positions}: "
                 f"at most {self.cfg.max_positions - MIN_INPUT_TOKENS} leave room for the input"
             )

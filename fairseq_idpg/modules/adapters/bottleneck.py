@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 
 @torch.no_grad()
 def truncated_normal_(tensor, std):
@@ -31,7 +33,7 @@ def truncated_normal_(tensor, std):
 def check_bottleneck(flag, bottleneck, dim):
     """Build-time check: a bottleneck needs 1 <= r <= d."""
     if not 1 <= bottleneck <= dim:
-        raise ValueError(f"{flag} must be between 1 and the model dimension {dim}, got {bottleneck}")
+        raise ConfigError(f"{flag} must be between 1 and the model dimension {dim}, got {bottleneck}")
 
 
 class BottleneckAdapter(nn.Module):
@@ -53,7 +55,7 @@ class BottleneckAdapter(nn.Module):
             nn.init.kaiming_uniform_(self.down.weight, a=math.sqrt(5))
             nn.init.zeros_(self.up.weight)
         else:
-            raise ValueError(f"adapter init must be 'houlsby' or 'lora', got {init!r}")
+            raise ConfigError(f"adapter init must be 'houlsby' or 'lora', got {init!r}")
 
     def forward(self, x):
         h = self.dropout(F.relu(self.down(x)))

@@ -40,6 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 from ..adapters.bottleneck import truncated_normal_
 
 OUTPUTS = ("residual", "gated")
@@ -69,13 +71,13 @@ class Inducer(nn.Module):
     ):
         super().__init__()
         if dim % heads:
-            raise ValueError(f"the head count {heads} must divide the model dimension {dim}")
+            raise ConfigError(f"the head count {heads} must divide the model dimension {dim}")
         if key_rank == 1 or key_rank < 0:
-            raise ValueError(f"inducer key rank must be 0 (k~ = q) or >= 2, got {key_rank}")
+            raise ConfigError(f"inducer key rank must be 0 (k~ = q) or >= 2, got {key_rank}")
         if value_rank < 1:
-            raise ValueError(f"inducer value rank must be >= 1, got {value_rank}")
+            raise ConfigError(f"inducer value rank must be >= 1, got {value_rank}")
         if output not in OUTPUTS:
-            raise ValueError(f"inducer output must be one of {OUTPUTS}, got {output!r}")
+            raise ConfigError(f"inducer output must be one of {OUTPUTS}, got {output!r}")
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.key_rank, self.value_rank = key_rank, value_rank
         self.extend_value, self.output, self.mask_lambda = extend_value, output, mask_lambda

@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 
 class LoRA(nn.Module):
     """The low-rank update ``(alpha / r) * Dropout(x) A^T B^T``.
@@ -29,7 +31,7 @@ class LoRA(nn.Module):
     def __init__(self, in_features, out_features, rank, alpha=32.0, dropout=0.0):
         super().__init__()
         if rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+            raise ConfigError(f"LoRA rank must be >= 1, got {rank}")
         self.in_features, self.out_features, self.rank, self.alpha = in_features, out_features, rank, alpha
         self.scaling = alpha / rank
         self.A = nn.Parameter(torch.empty(rank, in_features))

@@ -23,6 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 MLP_NAMES = ("embedding.weight", "hidden.weight", "hidden.bias", "output.weight", "output.bias")
 
 
@@ -46,7 +48,7 @@ class PrefixEncoder(nn.Module):
     def __init__(self, num_layers, dim, length, mid_dim=800):
         super().__init__()
         if length < 1:
-            raise ValueError(f"prefix length must be >= 1, got {length}")
+            raise ConfigError(f"prefix length must be >= 1, got {length}")
         self.num_layers, self.dim, self.length, self.mid_dim = num_layers, dim, length, mid_dim
         # PyTorch's default initialisation, as in the authors' Prefix module
         self.embedding = nn.Embedding(length, dim)

@@ -16,6 +16,8 @@ is decoded on its own and the segments are joined by a space.
 import json
 from pathlib import Path
 
+from fairseq_idpg.errors import MissingFile
+
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_BPE_DIRS = (REPO.parent / "shared" / "roberta_bpe", REPO / "models" / "gpt2_bpe")
 
@@ -32,7 +34,7 @@ def find_encoder_json(bpe_dir=None):
         if (d / "encoder.json").is_file():
             return d / "encoder.json"
     where = bpe_dir or " or ".join(str(d) for d in DEFAULT_BPE_DIRS)
-    raise FileNotFoundError(
+    raise MissingFile(
         f"--idpg-glove-bpe-dir: GPT-2 encoder.json not found in {where} (needed to turn RoBERTa "
         f"token ids back into words for GloVe; scripts/download.sh bpe fetches it)"
     )

@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 from ..phm import PHMLinear
 from .layer_biases import LayerBiases
 
@@ -65,7 +67,7 @@ class PromptGenerator(nn.Module):
     ):
         super().__init__()
         if kind not in KINDS:
-            raise ValueError(f"--idpg-generator must be one of {', '.join(KINDS)}, got {kind!r}")
+            raise ConfigError(f"--idpg-generator must be one of {', '.join(KINDS)}, got {kind!r}")
         self.kind, self.input_dim, self.embed_dim, self.t = kind, input_dim, embed_dim, prompt_length
         out = prompt_length * embed_dim
         if kind == "dnn":

@@ -22,6 +22,7 @@ import string
 import numpy as np
 
 from fairseq_idpg.data.digest import file_sha256
+from fairseq_idpg.errors import ConfigError, MissingFile
 
 _STRIP = str.maketrans("", "", string.punctuation)
 
@@ -38,13 +39,13 @@ def read_glove_dim(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             first = f.readline().rstrip("\n").split(" ")
     except OSError as e:
-        raise FileNotFoundError(f"--idpg-glove-vectors {path}: cannot read it ({e.strerror})") from None
+        raise MissingFile(f"--idpg-glove-vectors {path}: cannot read it ({e.strerror})") from None
     try:
         values = [float(v) for v in first[1:]]
     except ValueError:
         values = []
     if len(first) < 2 or not values:
-        raise ValueError(f"--idpg-glove-vectors {path}: not a GloVe text file (line 1 is not 'word v1 v2 ...')")
+        raise ConfigError(f"--idpg-glove-vectors {path}: not a GloVe text file (line 1 is not 'word v1 v2 ...')")
     return len(values)
 
 

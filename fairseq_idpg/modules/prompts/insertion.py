@@ -23,6 +23,8 @@ One implementation for every prompt method (prompt tuning, IDPG, DPT, residual p
 
 import torch
 
+from fairseq_idpg.errors import ConfigError
+
 PAIR_ONLY_POSITIONS = (2, 3)
 POSITIONS = (0, 1, 2, 3, 4)
 MIN_INPUT_TOKENS = 4  # <s> A </s></s> B </s> with empty sentences: the task's smallest input
@@ -31,9 +33,9 @@ MIN_INPUT_TOKENS = 4  # <s> A </s></s> B </s> with empty sentences: the task's s
 def check_position(position, is_pair):
     """Build-time check of ``--prompt-position`` against the task's input layout."""
     if position not in POSITIONS:
-        raise ValueError(f"--prompt-position must be one of 0-4, got {position}")
+        raise ConfigError(f"--prompt-position must be one of 0-4, got {position}")
     if position in PAIR_ONLY_POSITIONS and not is_pair:
-        raise ValueError(
+        raise ConfigError(
             f"--prompt-position {position} needs sentence pairs (<s> A </s></s> B </s>); "
             f"this task has single sentences: use 0, 1 or 4"
         )

@@ -28,6 +28,8 @@ import math
 import torch
 import torch.nn as nn
 
+from fairseq_idpg.errors import ConfigError
+
 from .soft_prompts import init_prompt_
 
 
@@ -43,7 +45,7 @@ class LayerBiases(nn.Module):
     def __init__(self, count, size, rank=0):
         super().__init__()
         if rank < 0 or (rank > 0 and count < 2):
-            raise ValueError(f"--idpg-layer-bias-rank {rank}: a low rank needs per-layer biases (K={count})")
+            raise ConfigError(f"--idpg-layer-bias-rank {rank}: a low rank needs per-layer biases (K={count})")
         self.count, self.size, self.rank = count, size, rank
         self.first = nn.Parameter(init_prompt_(torch.empty(size)))  # c_0
         if count > 1 and rank == 0:

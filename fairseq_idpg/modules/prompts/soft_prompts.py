@@ -45,6 +45,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 INITS = ("uniform", "normal", "vocab", "zero")
 
 
@@ -76,7 +78,7 @@ def init_prompt_(tensor, init="uniform", scale=0.5):
         return nn.init.uniform_(tensor, -scale, scale)
     if init == "normal":
         return nn.init.normal_(tensor, 0.0, scale)
-    raise ValueError(f"prompt init must be one of {', '.join(INITS)}, got {init!r}")
+    raise ConfigError(f"prompt init must be one of {', '.join(INITS)}, got {init!r}")
 
 
 def sample_vocab_rows(embeddings, num_rows, candidates=None, generator=None):
@@ -90,7 +92,7 @@ def sample_vocab_rows(embeddings, num_rows, candidates=None, generator=None):
     if candidates is not None:
         ids = ids[candidates.to(embeddings.device)]
     if ids.numel() == 0:
-        raise ValueError("no vocabulary rows to sample a prompt from")
+        raise ConfigError("no vocabulary rows to sample a prompt from")
     if num_rows <= ids.numel():
         pick = torch.randperm(ids.numel(), generator=generator, device="cpu")[:num_rows]
     else:
@@ -191,7 +193,7 @@ class RankProbePrompt(nn.Module):
     def __init__(self, length, dim, rank, init="uniform", scale=0.5, s_init=0.02):
         super().__init__()
         if not s_init > 0:
-            raise ValueError(f"rank probe: s must start positive, got s_init={s_init}")
+            raise ConfigError(f"rank probe: s must start positive, got s_init={s_init}")
         self.U = nn.Parameter(init_prompt_(torch.empty(length, rank), init, scale))
         self.s = nn.Parameter(torch.full((rank,), float(s_init)))
         self.V = nn.Parameter(init_prompt_(torch.empty(rank, dim), init, scale))
