@@ -4,9 +4,11 @@
     request = RunConfig("RTE", "lora", seed=2).with_flags(["--lr", "1e-3", "--dropout", "0.2"])  # a sweep's row
     request.validate().argv()   # checked; the run.sh command line again ("--dropout 0.2" is in extra_args)
 
-Each field is a flag: its ``option(...)`` carries the help, the group in ``--help``, the check its value
-must pass and the options it excludes, and the parser is generated from the fields (the type from the
-annotation: ``bool`` is a switch, ``Optional[int]`` an int that may be absent). ``extra_args`` holds the
+Each field is a flag: its ``option(...)`` (the one of ``fairseq_idpg/options.py``, as the blocks' and the
+models' options) carries the help, the group in ``--help``, the check its value must pass and the options
+it excludes, and the parser is generated from the fields (the type from the annotation: ``bool`` is a
+switch, ``Optional[int]`` an int that may be absent). Unlike the models' flags, run.sh's have real
+defaults (no preset fills them), so this parser is its own. ``extra_args`` holds the
 flags that are not run.sh's: they go to fairseq-train as given. ``validate()`` turns an impossible
 request into one line naming the flag. The main job (``fairseq_idpg/run/``) resolves the request into the
 run's configuration (the recipe's lr, the updates, the data's provenance: ``config.json``, whose hash
@@ -20,12 +22,12 @@ plus the code that reads it.
 import argparse
 import dataclasses
 import functools
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from fairseq_idpg.errors import RunError
 from fairseq_idpg.layout import LMBFF_TASKS, REPO
+from fairseq_idpg.options import NON_NEGATIVE, POSITIVE, argument, check_value, flag, option, option_fields
 from fairseq_idpg.preprocessing.formats import TASKS
 
 GLUE_TASKS = [name for name in TASKS if name not in LMBFF_TASKS]
@@ -35,21 +37,6 @@ GROUPS = {  # the groups of --help, in order (None: the parser's own)
     "devices": "devices (the effective batch stays --total-batch)",
     "run": "run",
 }
-POSITIVE, NON_NEGATIVE = "> 0", ">= 0"
-
-
-def option(
-    default=None, help="", group=None, *, metavar=None, check=None, excludes=None, shown=False, config=False,
-    fairseq=False,
-):  # fmt: skip
-    """A run.sh flag as a dataclass field. ``check``: POSITIVE or NON_NEGATIVE; ``excludes``: (the other
-    field, why); ``shown``: always written by ``argv()``; ``config``: part of the run's configuration;
-    ``fairseq``: a fairseq-train flag of the same name, read (typed and checked) from ``extra_args``, where it
-    stays as given: it reaches fairseq-train as before, and a run that passed it through before it became a
-    field keeps its folder (its config.json, and so its hash, is unchanged)."""
-    meta = dict(help=help, group=group, metavar=metavar, check=check, excludes=excludes, shown=shown, config=config,
-                fairseq=fairseq)  # fmt: skip
-    return field(default=default, metadata=meta) if default is not dataclasses.MISSING else field(metadata=meta)
 
 
 def _raise(message):
@@ -62,17 +49,6 @@ def canonical_task(name):
         if task.lower() == name.lower():
             return task
     raise RunError(f"unknown task {name!r}; valid: {', '.join(GLUE_TASKS + list(LMBFF_TASKS))}")
-
-
-@functools.cache
-def _flag_fields(cls):
-    """RunConfig.options, resolved once per class: a sweep asks it for each of its thousands of runs (the type
-    hints alone took 5 of the 14 s of table1's dry run)."""
-    hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.metadata]
-    return tuple(
-        (f, next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])) for f in fields
-    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -92,13 +68,9 @@ def _fairseq_flags_given(cls, extra_args):
     p = argparse.ArgumentParser(prog="scripts/run.sh", add_help=False, allow_abbrev=False)
     p.error = _raise
     for f, kind in fields:
-        p.add_argument(_flag(f.name), type=kind, default=None)
+        p.add_argument(flag(f.name), type=kind, default=None)
     args, _ = p.parse_known_args(list(extra_args))
     return {k: v for k, v in vars(args).items() if v is not None}
-
-
-def _flag(name):
-    return "--" + name.replace("_", "-")
 
 
 # fmt: off
@@ -162,7 +134,7 @@ class RunConfig:
                 continue
             value = getattr(self, f.name)
             if value is not None and value != given.get(f.name):
-                extra += (_flag(f.name), str(value))
+                extra += (flag(f.name), str(value))
             object.__setattr__(self, f.name, value if value is not None else given.get(f.name))
         object.__setattr__(self, "extra_args", extra)
 
@@ -170,7 +142,7 @@ class RunConfig:
     @classmethod
     def options(cls):
         """The fields that are flags, with their type (``Optional[X]`` -> X)."""
-        return _flag_fields(cls)
+        return option_fields(cls)
 
     @classmethod
     def parser(cls, description=None, epilog=None, defaults=None, fairseq=True):
@@ -188,13 +160,8 @@ class RunConfig:
                 continue
             if f.default is dataclasses.MISSING:
                 groups[meta["group"]].add_argument(f.name, help=meta["help"])
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            if kind is bool:
-                groups[meta["group"]].add_argument(flag, action="store_true", default=default, help=meta["help"])
             else:
-                groups[meta["group"]].add_argument(flag, type=kind, default=default, metavar=meta["metavar"],
-                                                   help=meta["help"])  # fmt: skip
+                groups[meta["group"]].add_argument(flag(f.name), **argument(f, kind, default))
         return p
 
     @classmethod
@@ -221,8 +188,7 @@ class RunConfig:
                 continue
             if value == f.default and not f.metadata["shown"]:
                 continue
-            flag = "--" + f.name.replace("_", "-")
-            argv += [flag] if kind is bool else [flag, str(value)]
+            argv += [flag(f.name)] if kind is bool else [flag(f.name), str(value)]
         return argv + list(self.extra_args)
 
     # ------------------------------------------------------------------------------------ checks
@@ -230,14 +196,12 @@ class RunConfig:
         """RunError (one line naming the flag) for a value that cannot be right. Explicit values are
         used as given, so impossible ones are errors (never 'use the default')."""
         for f, _ in self.options():
-            value, check, flag = getattr(self, f.name), f.metadata["check"], "--" + f.name.replace("_", "-")
-            if value is not None and check is not None and not (value > 0 if check == POSITIVE else value >= 0):
-                raise RunError(f"{flag} must be {check}, got {value}")
+            if getattr(self, f.name) is not None:  # None: not given
+                check_value(f.name, getattr(self, f.name), f.metadata["check"], error=RunError)
         for f, _ in self.options():
             if f.metadata["excludes"] and getattr(self, f.name) and getattr(self, f.metadata["excludes"][0]):
                 other, why = f.metadata["excludes"]
-                raise RunError(f"--{f.name.replace('_', '-')} and --{other.replace('_', '-')} exclude each other "
-                               f"({why})")  # fmt: skip
+                raise RunError(f"{flag(f.name)} and {flag(other)} exclude each other ({why})")
         from fairseq_idpg.methods import METHODS
         from fairseq_idpg.preprocessing.prepare import FEW_SHOT_DEV
 

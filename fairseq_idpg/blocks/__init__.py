@@ -3,9 +3,10 @@ of this file (as fairseq's examples/linformer imports its modules), so a new blo
 and its name added to that import line.
 
 A block file registers a config dataclass (PEFT's config style) whose fields are the block's
-options: each carries its default, help, metavar or choices and whether it is a size (0: off),
-and the class makes its own fairseq flag group (``--lora-rank``, ...; argparse leaves them None, so
-that a method's block settings fill what the command line did not give). The class also says
+options, made with the one ``option`` of ``fairseq_idpg/options.py`` (as the prompt and IDPG options
+and run.sh's): each carries its default, help, metavar or choices, its check and whether it is a
+size (0: off), and each field generates its flag in the block's group (``--lora-rank``, ...; argparse
+leaves them None, so that a method's block settings fill what the command line did not give). The class also says
 where the block attaches (``slots``, declared data: ``modules/slots.py``), checks its options at
 build time (one line naming the flag) and builds its modules, layer by layer:
 
@@ -28,8 +29,9 @@ passes call the slots and never name a block. docs/blocks.md: adding a block.
 import dataclasses
 from typing import Any, ClassVar, Dict, List, NamedTuple, Tuple
 
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.slots import SLOT_ORDER, SLOTS
-from fairseq_idpg.options import check_choice, flag
+from fairseq_idpg.options import Options, check_option, flag
 
 
 class EncoderSizes(NamedTuple):
@@ -57,55 +59,24 @@ class Attachment(NamedTuple):
     owned: bool = True
 
 
-def option(default, help, metavar=None, choices=None, size=False):
-    """A config field: its default (the value when neither the command line nor the method sets it),
-    the flag's help, metavar and choices, and ``size``: a rank or size where 0 turns the block off
-    (>= 0; >= 1 when the method's settings give it >= 1)."""
-    return dataclasses.field(default=default, metadata=dict(help=help, metavar=metavar, choices=choices, size=size))
-
-
 @dataclasses.dataclass
-class BlockConfig:
-    """A block's options (fields made with ``option``) and how it installs; see the module docstring."""
+class BlockConfig(Options):
+    """A block's options (fields made with ``fairseq_idpg.options.option``) and how it installs; see the
+    module docstring. ``Options`` gives its flag group (titled ``title``), ``defaults()`` and ``from_args``."""
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""  # the flag group's title: the block and its paper
     slots: ClassVar[Tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ options
-    @classmethod
-    def add_args(cls, parser):
-        group = parser.add_argument_group(cls.title)
-        for f in dataclasses.fields(cls):
-            meta = f.metadata
-            if f.type is bool:
-                group.add_argument(flag(f.name), action="store_true", default=None, help=meta["help"])
-                continue
-            kwargs = dict(help=meta["help"], metavar=meta["metavar"], choices=meta["choices"])
-            if f.type in (int, float):
-                kwargs["type"] = f.type
-            group.add_argument(flag(f.name), **{k: v for k, v in kwargs.items() if v is not None})
-
-    @classmethod
-    def defaults(cls) -> Dict[str, Any]:
-        return {f.name: f.default for f in dataclasses.fields(cls)}
-
-    @classmethod
-    def from_args(cls, args):
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-
     def check_options(self, preset_option, method, settings):
-        """The checks the fields declare: sizes >= 0 (>= 1 where ``settings``, the block settings of
-        ``method``, give one >= 1) and choices; one line naming the flag."""
-        for f in dataclasses.fields(self):
+        """The checks the fields declare (choices; sizes >= 0) and, for a size, >= 1 where ``settings``, the
+        block settings of ``method``, give it >= 1; one line naming the flag."""
+        for f, _ in self.options():
             value = getattr(self, f.name)
-            if f.metadata["size"]:
-                if value < 0:
-                    raise ValueError(f"{flag(f.name)} must be >= 0, got {value}")
-                if value == 0 and settings.get(f.name, 0) >= 1:
-                    raise ValueError(f"{flag(f.name)} must be >= 1 for {flag(preset_option)} {method} (got 0)")
-            if f.metadata["choices"]:
-                check_choice(self, f.name, f.metadata["choices"])
+            check_option(f, value)
+            if f.metadata["size"] and value == 0 and settings.get(f.name, 0) >= 1:
+                raise ConfigError(f"{flag(f.name)} must be >= 1 for {flag(preset_option)} {method} (got 0)")
 
     def check(self, encoder: EncoderSizes):
         """The block's own build-time checks (called for every block, active or not)."""

@@ -3,10 +3,11 @@
 
 from dataclasses import dataclass
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter, check_bottleneck
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
-from fairseq_idpg.options import check_at_least
+from fairseq_idpg.options import check_at_least, option
 
 KINDS = ("none", "houlsby", "compacter")
 
@@ -30,7 +31,7 @@ class AdapterConfig(BlockConfig):
         if self.adapter == "compacter":
             n, dim = self.compacter_n, encoder.dim
             if n < 1 or dim % n or self.adapter_dim % n:
-                raise ValueError(
+                raise ConfigError(
                     f"--compacter-n {n} must divide --encoder-embed-dim {dim} and --adapter-dim {self.adapter_dim}"
                 )
             check_at_least(self, "compacter_rank", 1)

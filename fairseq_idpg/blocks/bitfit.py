@@ -3,7 +3,8 @@ embedding LayerNorm); no module of its own."""
 
 from dataclasses import dataclass
 
-from fairseq_idpg.blocks import BlockConfig, option, register_block
+from fairseq_idpg.blocks import BlockConfig, register_block
+from fairseq_idpg.options import option
 
 
 @register_block("bitfit", "BitFit (Ben Zaken et al. 2021)", slots=("biases",))

@@ -4,8 +4,9 @@ its output scale s and the backbone's dropout on its hidden layer."""
 
 from dataclasses import dataclass
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter, check_bottleneck
+from fairseq_idpg.options import option
 
 
 @register_block("ffn_adapter", "Parallel FFN adapter (He et al. 2021)", slots=("ffn",))

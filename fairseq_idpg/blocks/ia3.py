@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
+from fairseq_idpg.options import option
 
 
 class Scale(nn.Module):

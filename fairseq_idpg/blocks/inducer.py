@@ -3,8 +3,10 @@ layer in the ``attention_output`` slot (``...self_attn.inducer``)."""
 
 from dataclasses import dataclass
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.attention.inducer import OUTPUTS, Inducer
+from fairseq_idpg.options import option
 
 VALUES = ("extended", "per-head")
 LAMBDAS = ("masked", "unmasked")
@@ -38,12 +40,12 @@ class InducerConfig(BlockConfig):
     def check(self, encoder):
         key_rank = self.inducer_key_rank
         if key_rank < 0 or key_rank == 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--inducer-key-rank must be 0 (k~ = q) or >= 2, got {key_rank} "
                 "(the released code builds no key MLP below 2)"
             )
         if not 0.0 <= self.inducer_lambda_dropout < 1.0:
-            raise ValueError(f"--inducer-lambda-dropout must be in [0, 1), got {self.inducer_lambda_dropout}")
+            raise ConfigError(f"--inducer-lambda-dropout must be in [0, 1), got {self.inducer_lambda_dropout}")
 
     def layer_blocks(self, index, encoder, model):
         inducer = Inducer(

@@ -4,8 +4,10 @@ and/or value projection (``--lora-targets``), attached to the ``q`` / ``v`` slot
 
 from dataclasses import dataclass
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.attention.lora import LoRA
+from fairseq_idpg.options import option
 
 TARGETS = ("q", "v")
 
@@ -27,7 +29,7 @@ class LoRAConfig(BlockConfig):
 
     def check(self, encoder):
         if self.lora_rank and (not self.targets() or self.targets() - set(TARGETS)):
-            raise ValueError(f"--lora-targets must be q, v or q,v, got {self.lora_targets!r}")
+            raise ConfigError(f"--lora-targets must be q, v or q,v, got {self.lora_targets!r}")
 
     def layer_blocks(self, index, encoder, model):
         d = encoder.dim

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fairseq_idpg.blocks import Attachment, BlockConfig, option, register_block
+from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
 from fairseq_idpg.modules.attention.prefix import MLP_NAMES, PrefixEncoder, stored_prefixes
-from fairseq_idpg.options import check_at_least
+from fairseq_idpg.options import check_at_least, option
 
 logger = logging.getLogger(__name__)
 PREFIX_KEY = "prefix_encoder.kv"

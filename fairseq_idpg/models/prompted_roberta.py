@@ -2,11 +2,17 @@
 the deep variants, adds a prompt to the hidden states at those slots after layers 1..L-1. The
 base of the prompt family (``roberta_prompt``: prompt tuning, P-tuning v2, DPT; ``roberta_idpg``).
 
-A subclass supplies its prompts and their length, nothing else of the forward pass:
+A subclass supplies its options, its prompts and their length, nothing else of the forward pass:
+
+    @dataclass
+    class MyOptions(Options):                   # fairseq_idpg/options.py: each field generates its flag
+        title: ClassVar[str] = "My prompt"
+        my_prompt_length: int = option(5, "prompt length t (5)", metavar="T")
 
     class MyPromptModel(PromptedRobertaModel):
         PROMPT_LENGTH = "my_prompt_length"      # the option holding t
-        PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = "my_preset", {...}, "..."   # presets: the method records'
+        OPTIONS, DEFAULTS = MyOptions, MyOptions.defaults()   # flags, defaults and declared checks
+        PRESET_OPTION, DEFAULT_PRESET = "my_preset", "..."    # presets: the method records'
 
         def prompts(self, src_tokens, **net_input):
             return P_0, layer_prompts           # [t, C] or [B, t, C]; fn(l, x) -> P_l, or None
@@ -29,14 +35,33 @@ extra) with ``extra["inner_states"]`` = [final features, (T+t) x B x C] and ``ex
 is refused).
 """
 
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
 from fairseq_idpg.modules.prompts.encoder import prompted_features
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS, check_position
-from fairseq_idpg.options import flag, resolve_preset
+from fairseq_idpg.options import Options, flag, option, resolve_preset
 from fairseq_idpg.tasks.model_protocol import task_is_pair
 
-PROMPT_DEFAULTS = {"prompt_position": 0}  # the released IDPG scripts; DPT's prompt tuning on RoBERTa
+
+@dataclass
+class PromptInsertionOptions(Options):
+    """Where every prompt method inserts its prompt (checked at build time against the task's layout)."""
+
+    title: ClassVar[str] = "Prompt insertion"
+
+    prompt_position: int = option(
+        0,  # the released IDPG scripts; DPT's prompt tuning on RoBERTa
+        "where the prompt goes (IDPG appendix A.4): 0 after <s> (default), 1 before the first </s>, "
+        "2 at the start of the second sentence, 3 before the last </s>, 4 after the final </s>; 2, 3 need pairs",
+        metavar="N",
+    )
+
+
+PROMPT_DEFAULTS = PromptInsertionOptions.defaults()
 
 
 class PromptedRobertaModel(FrozenBackboneRobertaModel):
@@ -44,7 +69,8 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
 
     PROMPT_LENGTH = ""  # dest of the subclass's prompt-length option (t)
     PRESET_OPTION = ""  # dest of its preset option (``--my-preset NAME``)
-    DEFAULTS = {}  # value of each option that no preset sets
+    OPTIONS = Options  # its options (an ``Options`` dataclass): flags and the checks they declare
+    DEFAULTS = {}  # value of each option that no preset sets (``OPTIONS.defaults()``)
     DEFAULT_PRESET = None
 
     @classmethod
@@ -62,14 +88,7 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
     @staticmethod
     def add_args(parser):
         FrozenBackboneRobertaModel.add_args(parser)
-        group = parser.add_argument_group("Prompt insertion")
-        group.add_argument(
-            "--prompt-position",
-            type=int,
-            metavar="N",
-            help="where the prompt goes (IDPG appendix A.4): 0 after <s> (default), 1 before the first </s>, "
-            "2 at the start of the second sentence, 3 before the last </s>, 4 after the final </s>; 2, 3 need pairs",
-        )
+        PromptInsertionOptions.add_args(parser)
 
     # ------------------------------------------------------------------ configuration
     @classmethod
@@ -85,7 +104,8 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
 
     @classmethod
     def check_args(cls, args, task):
-        """The subclass's build-time checks: ValueError with one line naming the flag."""
+        """The subclass's checks of several options (``OPTIONS`` checks each option's choices and range before):
+        ConfigError with one line naming the flag."""
 
     @classmethod
     def build_model(cls, args, task):
@@ -93,13 +113,14 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
         max_positions = _max_positions(args, task)
         t = getattr(args, cls.PROMPT_LENGTH)
         if t < 1 or t + MIN_INPUT_TOKENS > max_positions:
-            raise ValueError(
+            raise ConfigError(
                 f"{flag(cls.PROMPT_LENGTH)} {t}: the prompt plus the shortest input ({MIN_INPUT_TOKENS} tokens) "
                 f"must fit --max-positions {max_positions}: use 1 to {max_positions - MIN_INPUT_TOKENS}"
             )
         is_pair = task_is_pair(task)
         check_position(args.prompt_position, True if is_pair is None else is_pair)  # the range; pairs when known
-        cls.check_args(args, task)  # before the backbone is loaded
+        cls.OPTIONS.check_args(args)  # before the backbone is loaded: each option's choices and range
+        cls.check_args(args, task)
         return super().build_model(args, task)
 
     def max_positions(self):

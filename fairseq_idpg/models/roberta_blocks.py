@@ -28,6 +28,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_base_architecture, roberta_large_architecture
 
 from fairseq_idpg.blocks import EncoderSizes, block_configs, block_defaults, registered_blocks
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
 from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
@@ -51,7 +52,7 @@ def check_args(args, settings):
     base_architecture(args)
     dim, heads = args.encoder_embed_dim, args.encoder_attention_heads
     if heads < 1 or dim % heads:
-        raise ValueError(f"--encoder-attention-heads {heads} must divide --encoder-embed-dim {dim}")
+        raise ConfigError(f"--encoder-attention-heads {heads} must divide --encoder-embed-dim {dim}")
     configs = block_configs(args)
     method = getattr(args, PRESET_OPTION)
     for config in configs:
@@ -61,7 +62,7 @@ def check_args(args, settings):
         config.check(encoder)
     if not any(config.active() for config in configs):
         methods = ", ".join(RobertaBlocksModel.presets())
-        raise ValueError(f"nothing to train: give {flag(PRESET_OPTION)} ({methods}) or a block's flags")
+        raise ConfigError(f"nothing to train: give {flag(PRESET_OPTION)} ({methods}) or a block's flags")
     return configs
 
 

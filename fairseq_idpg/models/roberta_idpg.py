@@ -19,14 +19,17 @@ example, so a cached row equals a recomputed one.
 
 Presets (``--idpg-preset NAME``; explicit flags win) are the method records of this architecture,
 one per IDPG row of IDPG Table 1 / Table 2 (``fairseq_idpg/methods.py``; docs/idpg.md lists them
-with their counts); what a preset leaves open is ``DEFAULTS``. The default is ``m-idpg-phm``.
+with their counts); what a preset leaves open is ``DEFAULTS``, the defaults of the option fields of
+``IdpgOptions`` (each field generates its flag, ``fairseq_idpg/options.py``). The default is ``m-idpg-phm``.
 
 The prompt length t is ``--idpg-prompt-length`` (IDPG's t = 5).
 """
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -40,12 +43,12 @@ from fairseq_idpg.data.sentence_representation_cache import (
     split_sentence_ids,
     to_device,
 )
-from fairseq_idpg.errors import MissingFile
+from fairseq_idpg.errors import ConfigError, MissingFile
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
 from fairseq_idpg.modules.prompts.generator import KINDS, PromptGenerator
 from fairseq_idpg.modules.prompts.glove import GloveSentenceEncoder, read_glove_dim
-from fairseq_idpg.options import check_at_least, check_choice
+from fairseq_idpg.options import Options, option
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +64,55 @@ INPUTS = ("roberta", "glove")
 LAYER_INPUTS = ("first", "previous")
 CACHES = ("disk", "memory", "off")
 
-DEFAULTS = dict(  # what a preset leaves open (and every option without a preset: M-IDPG-PHM's)
-    idpg_generator="phm", idpg_hidden=16, idpg_prompt_length=5, idpg_phm_n=16, idpg_phm_a_sets=2,
-    idpg_depth="multi", idpg_sharing="M", idpg_input="roberta", idpg_layer_input="previous", idpg_dropout=0.1,
-    idpg_layer_bias_rank=0, idpg_cache="disk", idpg_cache_dir=None, idpg_glove_vectors=None,
-    idpg_glove_bpe_dir=None, idpg_residual=False, idpg_layer_norm=False, idpg_mx_train_mode=False,
-    idpg_train_backbone=False,
-)  # fmt: skip
+
+@dataclass
+class IdpgOptions(Options):
+    """The options of ``roberta_idpg`` (``--idpg-preset`` apart); their defaults are what a preset leaves open
+    (and every option without a preset: M-IDPG-PHM's)."""
+
+    title: ClassVar[str] = "IDPG: instance-dependent prompt generation"
+
+    idpg_generator: str = option("phm", "generator G: dnn or phm (IDPG Eq. 4)", choices=KINDS)
+    idpg_hidden: int = option(16, "generator hidden size m (16 multi, 256 single)", metavar="M", check=">= 1")
+    idpg_prompt_length: int = option(5, "prompt length t (5)", metavar="T")
+    idpg_phm_n: int = option(16, "PHM n (IDPG Eq. 4): 16 with RoBERTa, 4 with GloVe", metavar="N")
+    idpg_phm_a_sets: int = option(2, "PHM A sets: 1 shared by W1, W2; 2 one each", choices=(1, 2))
+    idpg_depth: str = option("multi", "prompts at the input only (S-IDPG) or after every layer", choices=DEPTHS)
+    idpg_sharing: str = option(
+        "M",
+        "multi-layer generators (IDPG Figure 2): S shares W and c, M per-layer c, L per-layer W and c",
+        choices=SHARINGS,
+        type=str.upper,
+    )
+    idpg_input: str = option("roberta", "sentence encoder M(x): frozen RoBERTa <s> or mean GloVe", choices=INPUTS)
+    idpg_layer_input: str = option(
+        "previous", "multi-layer input: M(x) or the previous layer's <s>", choices=LAYER_INPUTS
+    )
+    idpg_dropout: float = option(0.1, "generator dropout on M(x) and on h (0.1)", metavar="P")
+    idpg_residual: bool = option(False, "IDPG A.5.1 ablation: add M(x) to each prompt")
+    idpg_layer_norm: bool = option(
+        False, "IDPG A.5.1 ablation: LayerNorm the prompts (with --idpg-residual: LN(LN(M(x)) + LN(G)))"
+    )
+    idpg_layer_bias_rank: int = option(
+        0, "low-rank per-layer biases c_1..c_(L-1) = U V, U: [L-1, R], V: [R, t*d] (0: full)", metavar="R"
+    )
+    idpg_mx_train_mode: bool = option(
+        False, "compute M(x) in train mode (dropout on, the authors' code; not cached while training)"
+    )
+    idpg_cache: str = option("disk", "keep M(x) per example: on disk (default), in memory, off", choices=CACHES)
+    idpg_cache_dir: Optional[str] = option(None, f"on-disk M(x) cache (default {DEFAULT_CACHE_DIR})", metavar="DIR")
+    idpg_glove_vectors: Optional[str] = option(
+        None, f"GloVe text file (default {DEFAULT_GLOVE} if present)", metavar="PATH"
+    )
+    idpg_glove_bpe_dir: Optional[str] = option(
+        None, "folder with GPT-2 encoder.json (RoBERTa ids -> words)", metavar="DIR"
+    )
+    idpg_train_backbone: bool = option(
+        False, "train the backbone too (supplementary MNLI stage, IDPG appendix A.4); never cached"
+    )
+
+
+DEFAULTS = IdpgOptions.defaults()
 
 
 def glove_path(args):
@@ -91,65 +136,20 @@ class RobertaIdpgModel(PromptedRobertaModel):
     """IDPG's generated prompts on the prompted RoBERTa; see the module docstring."""
 
     PROMPT_LENGTH = "idpg_prompt_length"
-    PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "m-idpg-phm"
+    OPTIONS, DEFAULTS = IdpgOptions, DEFAULTS
+    PRESET_OPTION, DEFAULT_PRESET = PRESET_OPTION, "m-idpg-phm"
     RUNTIME_OPTIONS = ("idpg_cache", "idpg_cache_dir")  # where M(x) is kept, not what it is
 
     @staticmethod
     def add_args(parser):
         PromptedRobertaModel.add_args(parser)
-        g = parser.add_argument_group("IDPG: instance-dependent prompt generation")
+        g = parser.add_argument_group(IdpgOptions.title)
         g.add_argument(
             "--idpg-preset",
             choices=RobertaIdpgModel.presets(),
             help="an IDPG row of IDPG Table 1/2 (fairseq_idpg/methods.py; default m-idpg-phm)",
         )
-        g.add_argument("--idpg-generator", choices=KINDS, help="generator G: dnn or phm (IDPG Eq. 4)")
-        g.add_argument("--idpg-hidden", type=int, metavar="M", help="generator hidden size m (16 multi, 256 single)")
-        g.add_argument("--idpg-prompt-length", type=int, metavar="T", help="prompt length t (5)")
-        g.add_argument("--idpg-phm-n", type=int, metavar="N", help="PHM n (IDPG Eq. 4): 16 with RoBERTa, 4 with GloVe")
-        g.add_argument("--idpg-phm-a-sets", type=int, choices=(1, 2), help="PHM A sets: 1 shared by W1, W2; 2 one each")
-        g.add_argument("--idpg-depth", choices=DEPTHS, help="prompts at the input only (S-IDPG) or after every layer")
-        g.add_argument(
-            "--idpg-sharing",
-            type=str.upper,
-            choices=SHARINGS,
-            help="multi-layer generators (IDPG Figure 2): S shares W and c, M per-layer c, L per-layer W and c",
-        )
-        g.add_argument("--idpg-input", choices=INPUTS, help="sentence encoder M(x): frozen RoBERTa <s> or mean GloVe")
-        g.add_argument(
-            "--idpg-layer-input", choices=LAYER_INPUTS, help="multi-layer input: M(x) or the previous layer's <s>"
-        )
-        g.add_argument("--idpg-dropout", type=float, metavar="P", help="generator dropout on M(x) and on h (0.1)")
-        g.add_argument("--idpg-residual", action="store_true", help="IDPG A.5.1 ablation: add M(x) to each prompt")
-        g.add_argument(
-            "--idpg-layer-norm",
-            action="store_true",
-            help="IDPG A.5.1 ablation: LayerNorm the prompts (with --idpg-residual: LN(LN(M(x)) + LN(G)))",
-        )
-        g.add_argument(
-            "--idpg-layer-bias-rank",
-            type=int,
-            metavar="R",
-            help="low-rank per-layer biases c_1..c_(L-1) = U V, U: [L-1, R], V: [R, t*d] (0: full)",
-        )
-        g.add_argument(
-            "--idpg-mx-train-mode",
-            action="store_true",
-            help="compute M(x) in train mode (dropout on, the authors' code; not cached while training)",
-        )
-        g.add_argument("--idpg-cache", choices=CACHES, help="keep M(x) per example: on disk (default), in memory, off")
-        g.add_argument("--idpg-cache-dir", metavar="DIR", help=f"on-disk M(x) cache (default {DEFAULT_CACHE_DIR})")
-        g.add_argument(
-            "--idpg-glove-vectors", metavar="PATH", help=f"GloVe text file (default {DEFAULT_GLOVE} if present)"
-        )
-        g.add_argument(
-            "--idpg-glove-bpe-dir", metavar="DIR", help="folder with GPT-2 encoder.json (RoBERTa ids -> words)"
-        )
-        g.add_argument(
-            "--idpg-train-backbone",
-            action="store_true",
-            help="train the backbone too (supplementary MNLI stage, IDPG appendix A.4); never cached",
-        )
+        IdpgOptions.add_args(parser, g)
 
     # ------------------------------------------------------------------ configuration
     @classmethod
@@ -159,33 +159,28 @@ class RobertaIdpgModel(PromptedRobertaModel):
 
     @classmethod
     def check_args(cls, args, task):
-        """Build-time checks: one clear line naming the flag and what would be valid."""
-        for dest, valid in (
-            ("idpg_generator", KINDS), ("idpg_depth", DEPTHS), ("idpg_sharing", SHARINGS), ("idpg_input", INPUTS),
-            ("idpg_layer_input", LAYER_INPUTS), ("idpg_phm_a_sets", (1, 2)), ("idpg_cache", CACHES),
-        ):  # fmt: skip
-            check_choice(args, dest, valid)
-        check_at_least(args, "idpg_hidden", 1)
+        """Build-time checks of several options (each option's own: ``IdpgOptions``): one clear line naming the
+        flag and what would be valid."""
         t, d = args.idpg_prompt_length, args.encoder_embed_dim
         multi = args.idpg_depth == "multi"
         if (args.idpg_residual or args.idpg_layer_norm) and multi:
-            raise ValueError(
+            raise ConfigError(
                 "--idpg-residual / --idpg-layer-norm are the single-layer generator ablations of IDPG "
                 "appendix A.5.1: use them with --idpg-depth single"
             )
         d_in = generator_input_dim(args)
         if args.idpg_input == "glove" and multi and args.idpg_layer_input == "previous":
-            raise ValueError(
+            raise ConfigError(
                 f"--idpg-layer-input previous feeds the {d}-dim <s> state to a generator built for "
                 f"GloVe's {d_in}-dim vectors: use --idpg-layer-input first with --idpg-input glove"
             )
         if args.idpg_residual and d_in != d:
-            raise ValueError(f"--idpg-residual adds M(x) ({d_in}-dim) to {d}-dim prompts: use --idpg-input roberta")
+            raise ConfigError(f"--idpg-residual adds M(x) ({d_in}-dim) to {d}-dim prompts: use --idpg-input roberta")
         if args.idpg_generator == "phm":
             n, m = args.idpg_phm_n, args.idpg_hidden
             if n < 1 or d_in % n or m % n or (t * d) % n:
                 valid = [k for k in range(1, min(d_in, m) + 1) if d_in % k == 0 and m % k == 0 and (t * d) % k == 0]
-                raise ValueError(
+                raise ConfigError(
                     f"--idpg-phm-n {n} must divide the generator input size {d_in} ({args.idpg_input}), "
                     f"--idpg-hidden {m} and t*d = {t}*{d} = {t * d}; valid here: {', '.join(map(str, valid))}"
                 )
@@ -193,12 +188,12 @@ class RobertaIdpgModel(PromptedRobertaModel):
         if rank:
             per_layer = args.encoder_layers - 1
             if not (multi and args.idpg_sharing == "M"):
-                raise ValueError(
+                raise ConfigError(
                     f"--idpg-layer-bias-rank {rank} factorises the per-layer biases c_1..c_(L-1) of the M version: "
                     f"use it with --idpg-depth multi --idpg-sharing M"
                 )
             if not 0 < rank < per_layer:
-                raise ValueError(
+                raise ConfigError(
                     f"--idpg-layer-bias-rank must be between 1 and {per_layer - 1} (the {per_layer} layer biases "
                     f"are cheaper stored in full from rank {per_layer}), got {rank}"
                 )

@@ -34,32 +34,70 @@ prompt tuning's. The rank probe logs the number of positive entries of s as ``pr
 every validation of fairseq-train (``scripts/plot_rank_probe.py`` plots it).
 """
 
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
 import torch
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_large_architecture
 
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.soft_prompts import INITS, PROMPT_MATRICES, RankProbePrompt, sample_vocab_rows
-from fairseq_idpg.options import check_at_least, check_choice
+from fairseq_idpg.options import NON_NEGATIVE, POSITIVE, Options, check_at_least, option
 
 PRESET_OPTION = "prompt_preset"
 # the one preset without a method: what scripts/export_dpt_prompt.py turns deep-dpt into (P_k = A_k B_k stored)
 EXPORT_PRESETS = {"deep-prompt-tuning-100": {"prompt_matrix": "full", "prompt_length": 100, "prompt_deep": True}}
-DEFAULTS = {  # DPT section 3: b = 10; residual prompt tuning's bottleneck 400; U(-0.5, 0.5)
-    "prompt_matrix": "low-rank",
-    "prompt_length": 100,
-    "prompt_deep": False,
-    "prompt_init": "uniform",
-    "prompt_init_scale": 0.5,
-    "prompt_init_top_tokens": 0,  # --prompt-init vocab: every ordinary token
-    "dpt_bottleneck": 10,
-    "dpt_probe_s_init": 0.02,
-    "residual_prompt_bottleneck": 400,
-}
 RANK_LOG_KEY = "prompt_rank"
 RANK_LOG_PRIORITY = 30  # printed after loss, accuracy and the GLUE metrics
+
+
+@dataclass
+class PromptOptions(Options):
+    """The options of ``roberta_prompt`` (``--prompt-preset`` apart); DPT section 3: b = 10; residual prompt
+    tuning's bottleneck 400; U(-0.5, 0.5)."""
+
+    title: ClassVar[str] = "Soft prompt"
+
+    prompt_matrix: str = option(
+        "low-rank",
+        "P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe), P + LN(MLP(P)) (residual), "
+        "or another registered parameterisation (modules/prompts/)",
+        choices=PROMPT_MATRICES,  # the registry itself: read when parsing, so later registrations count
+    )
+    prompt_length: int = option(100, "prompt length l", metavar="L")
+    prompt_deep: bool = option(
+        False, "a prompt per layer (P-tuning v2): inserted at the input, added at the prompt slots after 1..L-1"
+    )
+    prompt_init: str = option(
+        "uniform",
+        "uniform(-s, s) (default), normal(0, s^2), vocab (rows of the frozen token embeddings; "
+        "DPT: their rank-b SVD) or zero (P = 0; DPT: B = 0, LoRA-style)",
+        choices=INITS,
+    )
+    prompt_init_scale: float = option(0.5, "s of --prompt-init (default 0.5)", metavar="S", check=POSITIVE)
+    prompt_init_top_tokens: int = option(
+        0,  # --prompt-init vocab: every ordinary token
+        "--prompt-init vocab: draw from the first N ordinary dictionary entries (0: all, default; "
+        "Lester et al. use the 5000 most frequent, the first 5000 of RoBERTa's dict.txt)",
+        metavar="N",
+        check=NON_NEGATIVE,
+    )
+    dpt_bottleneck: int = option(10, "rank b of P = A B, below min(l, d) (10)", "DPT", metavar="B")
+    # derived: configure makes it min(l, d) when unset
+    dpt_probe_rank: Optional[int] = option(
+        None, "rank probe: size r of s (min(l, d))", "DPT", metavar="R", derived=True
+    )
+    dpt_probe_s_init: float = option(0.02, "rank probe: initial s_i > 0 (0.02)", "DPT", metavar="V")
+    residual_prompt_bottleneck: int = option(
+        400, "bottleneck m of the prompt's MLP (400)", "Residual prompt", metavar="M"
+    )
+
+
+DEFAULTS = PromptOptions.defaults()  # what a preset leaves open
 
 
 def presets():
@@ -90,7 +128,8 @@ class RobertaPromptModel(PromptedRobertaModel):
     """Frozen RoBERTa + a static soft prompt (see the module docstring)."""
 
     PROMPT_LENGTH = "prompt_length"
-    PRESET_OPTION, DEFAULTS, DEFAULT_PRESET = PRESET_OPTION, DEFAULTS, "dpt"
+    OPTIONS, DEFAULTS = PromptOptions, DEFAULTS
+    PRESET_OPTION, DEFAULT_PRESET = PRESET_OPTION, "dpt"
 
     @classmethod
     def presets(cls):
@@ -105,45 +144,11 @@ class RobertaPromptModel(PromptedRobertaModel):
     def add_args(parser):
         PromptedRobertaModel.add_args(parser)
         # no argparse defaults: the preset, then DEFAULTS, fill what is not given (configure)
-        group = parser.add_argument_group("Soft prompt")
+        group = parser.add_argument_group(PromptOptions.title)
         group.add_argument(
             "--prompt-preset", choices=presets(), help="a method's configuration (fairseq_idpg/methods.py; default dpt)"
         )
-        group.add_argument(
-            "--prompt-matrix",
-            choices=PROMPT_MATRICES,  # the registry itself: read when parsing, so later registrations count
-            help="P itself (full), A B (low-rank), U ReLU(diag(s)) V (rank-probe), P + LN(MLP(P)) (residual), "
-            "or another registered parameterisation (modules/prompts/)",
-        )
-        group.add_argument("--prompt-length", type=int, metavar="L", help="prompt length l")
-        group.add_argument(
-            "--prompt-deep",
-            action="store_true",
-            default=None,
-            help="a prompt per layer (P-tuning v2): inserted at the input, added at the prompt slots after 1..L-1",
-        )
-        group.add_argument(
-            "--prompt-init",
-            choices=INITS,
-            help="uniform(-s, s) (default), normal(0, s^2), vocab (rows of the frozen token embeddings; "
-            "DPT: their rank-b SVD) or zero (P = 0; DPT: B = 0, LoRA-style)",
-        )
-        group.add_argument("--prompt-init-scale", type=float, metavar="S", help="s of --prompt-init (default 0.5)")
-        group.add_argument(
-            "--prompt-init-top-tokens",
-            type=int,
-            metavar="N",
-            help="--prompt-init vocab: draw from the first N ordinary dictionary entries (0: all, default; "
-            "Lester et al. use the 5000 most frequent, the first 5000 of RoBERTa's dict.txt)",
-        )
-        group = parser.add_argument_group("DPT")
-        group.add_argument("--dpt-bottleneck", type=int, metavar="B", help="rank b of P = A B, below min(l, d) (10)")
-        group.add_argument("--dpt-probe-rank", type=int, metavar="R", help="rank probe: size r of s (min(l, d))")
-        group.add_argument("--dpt-probe-s-init", type=float, metavar="V", help="rank probe: initial s_i > 0 (0.02)")
-        group = parser.add_argument_group("Residual prompt")
-        group.add_argument(
-            "--residual-prompt-bottleneck", type=int, metavar="M", help="bottleneck m of the prompt's MLP (400)"
-        )
+        PromptOptions.add_args(parser, group)  # and the groups DPT, Residual prompt
 
     @classmethod
     def configure(cls, args):
@@ -154,8 +159,7 @@ class RobertaPromptModel(PromptedRobertaModel):
 
     @classmethod
     def check_args(cls, args, task):
-        check_choice(args, "prompt_matrix", PROMPT_MATRICES)
-        check_choice(args, "prompt_init", INITS)
+        """The checks of several options (each option's own: ``PromptOptions``)."""
         matrix, length, dim, num_layers = (
             args.prompt_matrix,
             args.prompt_length,
@@ -164,30 +168,27 @@ class RobertaPromptModel(PromptedRobertaModel):
         )
         full_rank = min(length, dim)
         if matrix == "low-rank" and not 1 <= args.dpt_bottleneck < full_rank:
-            raise ValueError(
+            raise ConfigError(
                 f"--dpt-bottleneck {args.dpt_bottleneck} must be in [1, {full_rank - 1}]: a low-rank prompt needs "
                 f"b < min(--prompt-length {length}, encoder dim {dim}) (--prompt-matrix full trains an unconstrained "
                 f"prompt)"
             )
         if matrix == "rank-probe" and not 1 <= args.dpt_probe_rank <= full_rank:
-            raise ValueError(
+            raise ConfigError(
                 f"--dpt-probe-rank {args.dpt_probe_rank} must be in [1, {full_rank}]: the rank of an "
                 f"l x d prompt is at most min(--prompt-length {length}, encoder dim {dim})"
             )
         if matrix == "rank-probe" and not args.dpt_probe_s_init > 0:
-            raise ValueError(
+            raise ConfigError(
                 f"--dpt-probe-s-init must be > 0 (the probe counts the entries of s that stay positive), "
                 f"got {args.dpt_probe_s_init}"
             )
         if matrix == "residual":
             check_at_least(args, "residual_prompt_bottleneck", 1)
         if args.prompt_deep and matrix not in deep_matrices():
-            raise ValueError(f"--prompt-deep needs --prompt-matrix {' or '.join(deep_matrices())}, got {matrix}")
+            raise ConfigError(f"--prompt-deep needs --prompt-matrix {' or '.join(deep_matrices())}, got {matrix}")
         if args.prompt_deep and num_layers < 2:
-            raise ValueError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
-        if not args.prompt_init_scale > 0:
-            raise ValueError(f"--prompt-init-scale must be > 0, got {args.prompt_init_scale}")
-        check_at_least(args, "prompt_init_top_tokens", 0)
+            raise ConfigError(f"--prompt-deep needs at least 2 encoder layers, got --encoder-layers {num_layers}")
 
     @classmethod
     def build_model(cls, args, task):
