@@ -26,7 +26,7 @@ A specification is a YAML file (``examples/*/``)::
     args: []                          # optional: fairseq-train flags for every run
 
 A variant (a mapping in ``methods``) may also set its own ``lrs``, ``head_lrs``, ``seeds``, ``tasks``,
-``max_update``. A run is one ``scripts/run.sh TASK --method M --lr X --seed S ...`` (fairseq_idpg/run.py),
+``max_update``. A run is one ``scripts/run.sh TASK --method M --lr X --seed S ...`` (fairseq_idpg/run/),
 whose folder is named by its configuration's hash: the sweep decides every run first (preparing
 the data each needs, one folder at a time), skips those with a ``results.json`` or with a record of
 the same configuration in the records folder (a study committed from another checkout: the run
@@ -64,7 +64,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional
 
-from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.errors import SweepError
 from fairseq_idpg.results.records import few_shot_budget
 from fairseq_idpg.run import (
     IN_USE_EXIT,
@@ -85,17 +85,13 @@ VARIANT_KEYS = {"label", "method", "args", "lrs", "head_lrs", "seeds", "tasks", 
 BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
 
 
-class SweepError(ConfigError):
-    """A bad specification or request, reported as one line before anything runs."""
-
-
 # ---------------------------------------------------------------------------------------- the specification
 @dataclass(frozen=True)
 class Run:
     """One cell entry: a run's request (a method on a task at one lr, seed and data budget) under its
     table label. ``run.task``, ``run.lr``, ... are the request's fields."""
 
-    config: RunConfig  # lr None: the one run.py chooses (the recipe's, the stand-in's fine-tuning lr)
+    config: RunConfig  # lr None: the one run.sh chooses (the recipe's, the stand-in's fine-tuning lr)
     label: str
     table_budget: Optional[str] = None  # a per-task K's common name in tables, "K=1000 (CR: 775)"
 
@@ -128,7 +124,7 @@ class Run:
         return replace(self.config, model=model, work_dir=str(work_dir), dry_run=dry_run)
 
     def argv(self, model, work_dir):
-        """run.py's command line."""
+        """run.sh's command line."""
         return self.request(model, work_dir).argv()
 
 
@@ -340,7 +336,8 @@ def _runs(model, task, variant, budgets, where, seeds, lrs, head_lrs, max_update
 
 # ---------------------------------------------------------------------------------------- planning
 def plan_run(run, model, work_dir, dry, decide=lambda request: plan(request, log=quiet)):
-    """run.py's plan of one run (its folder, configuration and commands), saying nothing."""
+    """The main job's plan of one run (its folder, configuration and commands), saying nothing; or what
+    ``decide`` says of its request (``check``: what a dry run lacks); a refusal names the run."""
     try:
         return decide(run.request(model, work_dir, dry))
     except RunError as e:
@@ -348,16 +345,16 @@ def plan_run(run, model, work_dir, dry, decide=lambda request: plan(request, log
 
 
 def check_runs(runs, model, work_dir, dry):
-    """run.py's check of each distinct method and flags (the first run of each), before any data is prepared:
+    """the main job's check of each distinct method and flags (the first run of each), before any data is prepared:
     a sweep is refused in one line before it writes anything (~0.2 s each). Returns what a dry run lacks."""
     distinct = {}
     for run in runs:
         request = run.request(model, work_dir, dry)
         distinct.setdefault((request.method, request.extra_args), run)
-    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=check).missing]
+    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=check)]
 
 
-def describe(run, p):
+def plan_line(run, p):
     c = p.config
     epochs = f"{c['epochs']:g} epochs = " if c["epochs"] is not None else ""
     return (
@@ -512,8 +509,8 @@ def local_slots(jobs=None, runs_per_gpu=1, threads=None, gpus=None):
 
 
 class LocalExecutor:
-    """Runs run.py processes in ``slots`` in parallel; Ctrl-C or SIGTERM stops them (their logs and
-    checkpoints stay; the same command resumes)."""
+    """Runs the main job's processes (``python -m fairseq_idpg.run``) in ``slots`` in parallel; Ctrl-C or
+    SIGTERM stops them (their logs and checkpoints stay; the same command resumes)."""
 
     def __init__(self, slots, logs):
         self.slots, self.logs = slots, Path(logs)
@@ -546,7 +543,7 @@ class LocalExecutor:
         with self.lock:
             for proc in self.procs:
                 if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)  # run.py passes it on; the checkpoints stay
+                    proc.send_signal(signal.SIGTERM)  # the main job passes it on; the checkpoints stay
 
 
 def run_local(pending, opts, sweep_dir, progress, failures, records):
@@ -607,11 +604,11 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
 
 # ---------------------------------------------------------------------------------------- slurm (submitit)
 def execute_run(argv, log, cwd):
-    """One array task: run.py with its output in ``log``; raises with the log's tail when it fails."""
+    """One array task: the main job with its output in ``log``; raises with the log's tail when it fails."""
     with open(log, "a", encoding="utf-8") as f:
         code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
     if code and code != IN_USE_EXIT:
-        raise RuntimeError(f"run.py exited with {code}; {log}:\n{tail(log)}")
+        raise RuntimeError(f"the run (python -m fairseq_idpg.run) exited with {code}; {log}:\n{tail(log)}")
     return code
 
 
@@ -780,7 +777,7 @@ def _plan_runs(runs, model, opts):
 def _print_plan(plans, elsewhere, pending):
     """The dry run's listing: every run with its state, then the counts."""
     for run, p in plans:
-        print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + describe(run, p))
+        print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + plan_line(run, p))
     finished = sum(1 for _, p in plans if p.finished)
     updates = sum(p.config["updates"] for _, p in plans)
     print(

@@ -36,9 +36,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from fairseq_idpg.errors import SweepError
 from fairseq_idpg.layout import REPO
 from fairseq_idpg.run.processes import format_duration
-from fairseq_idpg.sweep import SweepError
 
 TIMINGS = REPO / "checkpoints" / "gpu_check.json"  # scripts/check_gpu.sh's default --out, read when present
 TABLE = REPO / "docs" / "data" / "seconds_per_update_cpu.csv"

@@ -708,10 +708,10 @@ def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
 
     monkeypatch.setattr(backbone, "call", build)
     argv = ["RTE", "--method", "prompt-tuning-5", "--max-update", "2", "--work-dir", str(tmp_path / "work")]
-    assert main_job.check(main_job.parse_args([*argv, "--dry-run"])).missing == []  # the stand-in: not missing
+    assert main_job.check(main_job.parse_args([*argv, "--dry-run"])) == []  # the stand-in: not missing
     assert built == [] and not folder.exists()
-    p = main_job.check(main_job.parse_args(argv))
-    assert len(built) == 1 and (folder / "model.pt").is_file() and p.missing == []
+    missing = main_job.check(main_job.parse_args(argv))
+    assert len(built) == 1 and (folder / "model.pt").is_file() and missing == []
 
 
 def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch):

@@ -24,7 +24,8 @@ class TableSpec:
 
 
 def read_spec(path) -> TableSpec:
-    from fairseq_idpg.sweep import SweepError, load_spec
+    from fairseq_idpg.errors import SweepError
+    from fairseq_idpg.sweep import load_spec
 
     try:
         spec = load_spec(path)

@@ -31,7 +31,7 @@ def main(argv=None):
 
 
 def job(request, argv):
-    missing = check(request).missing
+    missing = check(request)
     p = plan(request, argv)
     if request.dry_run:
         if not p.complete:

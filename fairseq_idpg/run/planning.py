@@ -85,7 +85,8 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
 def check(request):
     """Refuse, in one line (RunError) and before anything is prepared or written, a request that cannot run:
     its values, what is missing (every model file and raw folder at once), and the fairseq-train command it
-    makes (``check_train_command``), with the budget a dry run shows. Returns the dry run's plan."""
+    makes (``check_train_command``), with the budget a dry run shows. Returns what a dry run lacks (every
+    missing file and folder, one line each; [] when the request can run)."""
     if request.model == "standin" and not request.dry_run:
         find_backbone(request)  # built when missing (a fresh clone): its vocab.txt prepares the data
     p = plan(dataclasses.replace(request, dry_run=True), log=quiet)
@@ -99,7 +100,7 @@ def check(request):
         if not (request.dry_run and missing_file):
             raise RunError(str(e)) from None
         p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
-    return p
+    return p.missing
 
 
 def quiet(*args, **kwargs):
