@@ -20,18 +20,14 @@ interrupted); the hub (``RobertaModel.from_pretrained``) raises them as they are
 bug and keeps its traceback (a converted model that does not reproduce its source, ``VerificationError``,
 is not a mistake in the input: the converter says so and exits 1).
 
-``option_checks()`` marks where a model or task is built from options: a ValueError or
-FileNotFoundError that fairseq_idpg's own code raises there (a ``raise`` in this package, not one from
-torch or fairseq) is a check of those options and becomes a ConfigError.
+Checks raise these explicitly; nothing is converted after the fact, so an exception of any other type
+(a ValueError of torch's own checks, a bug in the build code) keeps its traceback.
 """
 
-import contextlib
-import os
 import sys
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 __all__ = [
-    "ConfigError", "RunError", "SweepError", "MissingFile", "BackboneNotFound", "BackboneMismatch", "option_checks",
+    "ConfigError", "RunError", "SweepError", "MissingFile", "BackboneNotFound", "BackboneMismatch",
     "one_line_errors", "refuse", "argparse_error", "has_flag", "flag_value",
 ]  # fmt: skip
 
@@ -58,26 +54,6 @@ class BackboneNotFound(MissingFile):
 
 class BackboneMismatch(ConfigError, RuntimeError):
     """A trained checkpoint does not fit the backbone given (a RuntimeError too, as before)."""
-
-
-def _raised_by_package(error):
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
-
-
-@contextlib.contextmanager
-def option_checks():
-    """ValueError / FileNotFoundError raised by this package's checks inside -> ConfigError (one line)."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except (ValueError, FileNotFoundError) as e:
-        if not _raised_by_package(e):
-            raise
-        raise ConfigError(str(e)) from None
 
 
 def argparse_error(message):

@@ -531,9 +531,11 @@ def test_a_workers_error_is_said_once(world, tmp_path):
 
 
 def test_other_exceptions_keep_their_traceback():
-    """A bug (any exception but ConfigError) passes the one-line wrapper of the console scripts untouched;
-    a ValueError of torch's own checks inside ``option_checks`` stays a plain ValueError."""
-    from fairseq_idpg.errors import ConfigError, option_checks
+    """A bug (any exception but ConfigError) passes the one-line wrapper of the console scripts untouched:
+    a ValueError of torch's own checks, and one that the project's own code raises without meaning a user's
+    mistake (a block registered twice), stay plain ValueErrors with their traceback."""
+    from fairseq_idpg.blocks import register_block
+    from fairseq_idpg.errors import ConfigError
     from fairseq_idpg_compat import _one_line
 
     def bug():
@@ -549,9 +551,12 @@ def test_other_exceptions_keep_their_traceback():
         _one_line("fairseq-train", bug)
     with pytest.raises(Exception, match="Cannot load model parameters"):
         _one_line("fairseq-train", wrapped_bug)
-    with pytest.raises(ValueError) as raised, option_checks():
-        torch.nn.Dropout(p=2.0)  # torch's own check
+    with pytest.raises(ValueError) as raised:
+        _one_line("fairseq-train", lambda: torch.nn.Dropout(p=2.0))  # torch's own check
     assert not isinstance(raised.value, ConfigError)
+    with pytest.raises(ValueError, match="registered twice") as raised:
+        _one_line("fairseq-train", lambda: register_block("lora", "again", slots=("q",))(type("Again", (), {})))
+    assert not isinstance(raised.value, ConfigError) and raised.traceback[-1].path.name == "__init__.py"
 
 
 def test_every_entry_points_error_is_a_config_error():

@@ -21,7 +21,6 @@ def build_for_import(method, backbone, data, overrides=None):
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_idpg.errors import option_checks
     from fairseq_idpg.run import model_dims
 
     labels = Path(data) / "label" / "dict.txt"
@@ -37,9 +36,8 @@ def build_for_import(method, backbone, data, overrides=None):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, argv)
     cfg = convert_namespace_to_omegaconf(args)
-    with option_checks():
-        task = tasks.setup_task(cfg.task)
-        model = task.build_model(cfg.model)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
     return model.eval(), cfg
 
 

@@ -62,17 +62,15 @@ def heads_of(weights):
 
 def build_from_options(options, backbone):
     """Our model of ``options`` (a checkpoint's ``cfg.model``) on ``backbone``, without heads."""
-    from fairseq_idpg.errors import option_checks
     from fairseq_idpg.models.build import build_model
     from fairseq_idpg.models.frozen_roberta import read_backbone
 
     rows = read_backbone(backbone)["encoder.sentence_encoder.embed_tokens.weight"].shape[0]
     arch = options.get("arch") or options.get("_name")
     skip = {"arch", "_name", "backbone", "data", "user_dir"}
-    with option_checks():
-        return build_model(arch, sized_dictionary(rows), backbone=backbone, **{
-            k: v for k, v in options.items() if k not in skip
-        })  # fmt: skip
+    return build_model(arch, sized_dictionary(rows), backbone=backbone, **{
+        k: v for k, v in options.items() if k not in skip
+    })  # fmt: skip
 
 
 def load_trained(run, backbone=None):

@@ -18,7 +18,6 @@ def check_train_command(train, dictionary=None):
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from fairseq_idpg.errors import option_checks
     from fairseq_idpg.launch import build_command
     from fairseq_idpg.models.build import on_meta_device, stub_task
     from fairseq_idpg_compat import check_values
@@ -38,7 +37,7 @@ def check_train_command(train, dictionary=None):
         vocabulary.add_symbol("<mask>")  # as the task does
     else:
         args.backbone = None
-    with on_meta_device(), option_checks():
+    with on_meta_device():
         ARCH_MODEL_REGISTRY[args.arch].build_model(args, stub_task(vocabulary))
 
 

@@ -31,7 +31,7 @@ from fairseq.tasks import register_task
 from omegaconf import OmegaConf, open_dict
 
 from fairseq_idpg.data.label_descriptions import hypotheses_for
-from fairseq_idpg.errors import ConfigError, option_checks
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 from fairseq_idpg.optim import mark_head
@@ -108,8 +108,7 @@ class EflSentencePredictionTask(PeftSentencePredictionTask):
 
         with _writable(cfg):
             cfg.max_positions = self.cfg.max_positions
-        with option_checks():
-            model = models.build_model(cfg, self, from_checkpoint)
+        model = models.build_model(cfg, self, from_checkpoint)
         install_entailment_head(model, self.cfg.classification_head_name)
         self.set_num_inserted_tokens(inserted_tokens(model) + self.suffix_budget)
         return mark_head(model)

@@ -42,7 +42,7 @@ from omegaconf import open_dict
 
 from fairseq_idpg.data import TruncatedSentencesDataset
 from fairseq_idpg.data.task_info import TaskInfo
-from fairseq_idpg.errors import ConfigError, option_checks
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS
 from fairseq_idpg.optim import mark_head
 
@@ -67,9 +67,8 @@ class PeftSentencePredictionTask(SentencePredictionTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        with option_checks():
-            check_data(cfg)
-            return super().setup_task(cfg, **kwargs)
+        check_data(cfg)
+        return super().setup_task(cfg, **kwargs)
 
     # ------------------------------------------------------------------ the hook
     def set_num_inserted_tokens(self, n):
@@ -89,8 +88,7 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         self.num_inserted_tokens = n
 
     def build_model(self, cfg, from_checkpoint=False):
-        with option_checks():
-            model = super().build_model(cfg, from_checkpoint)
+        model = super().build_model(cfg, from_checkpoint)
         self.set_num_inserted_tokens(inserted_tokens(model))
         return mark_head(model)
 
