@@ -14,12 +14,21 @@ REPO = Path(__file__).resolve().parents[1]
 # LM-BFF's tasks, whose raw folder is $LMBFF_DIR/<task> (GLUE's: $GLUE_DIR/<TASK>)
 LMBFF_TASKS = {name: name.lower() for name, spec in TASKS.items() if spec.files == LMBFF}
 SHARED = REPO.parent / "shared"
-
-
 SHARED_DATA = SHARED / "data"
+MODELS_DIR = REPO / "models"  # scripts/download.sh and build_standin.sh write here
+STANDIN_DIR = MODELS_DIR / "minilm-l6-fairseq"
+GPT2_BPE_DIRS = (SHARED / "roberta_bpe", MODELS_DIR / "gpt2_bpe")  # the second: scripts/download.sh bpe
+GLOVE_FILE = REPO / "data" / "glove" / "glove.6B.300d.txt"  # where scripts/download.sh glove puts it
 
 
-STANDIN_DIR = REPO / "models" / "minilm-l6-fairseq"
+def bpe_places(bpe):
+    """Where the checkout keeps the files of a BPE kind: ``wordpiece``: the model folders' vocab.txt; ``gpt2``:
+    ``GPT2_BPE_DIRS`` and the model folders with an encoder.json. None: not a kind the checkout keeps."""
+    if bpe == "wordpiece":
+        return sorted(MODELS_DIR.glob("*/vocab.txt"))
+    if bpe == "gpt2":
+        return [*GPT2_BPE_DIRS, *sorted(p.parent for p in MODELS_DIR.glob("*/encoder.json"))]
+    return None
 
 
 def raw_dir(task, raw=None):
@@ -43,7 +52,7 @@ def model_dir(model):
     if model == "standin":
         return STANDIN_DIR
     if model in ("roberta.base", "roberta.large"):
-        return REPO / "models" / model
+        return MODELS_DIR / model
     return Path(model)
 
 
@@ -59,7 +68,7 @@ def bpe_args(mdir, bpe_dir=None, model=None):
     if (mdir / "vocab.txt").is_file() or model == "standin":
         return ["--bpe", "wordpiece", "--vocab", mdir / "vocab.txt"]
     if bpe_dir is None:
-        bpe_dir = SHARED / "roberta_bpe" if (SHARED / "roberta_bpe").is_dir() else REPO / "models" / "gpt2_bpe"
+        bpe_dir = next((d for d in GPT2_BPE_DIRS if d.is_dir()), GPT2_BPE_DIRS[-1])
     return ["--bpe", "gpt2", "--bpe-dir", Path(bpe_dir)]
 
 

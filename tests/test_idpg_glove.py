@@ -71,9 +71,9 @@ def test_gpt2_ids_back_to_text(roberta_bpe):
     ).tolist()  # noqa: E731
     row = [d.bos()] + ids("Hello world, it's café time.") + [d.eos()] + ids("A second one") + [d.pad()]
     assert is_gpt2_dictionary(d)
-    assert Detokenizer(d, bpe_dir=str(roberta_bpe)).decode(row) == "Hello world, it's café time. A second one"
+    assert Detokenizer(d, [roberta_bpe]).decode(row) == "Hello world, it's café time. A second one"
     with pytest.raises(FileNotFoundError, match="--idpg-glove-bpe-dir: GPT-2 encoder.json not found"):
-        Detokenizer(d, bpe_dir=str(roberta_bpe / "absent"))
+        Detokenizer(d, [roberta_bpe / "absent"])
 
 
 def test_glove_vectors_are_precomputed_once_per_example(rte, backbones, tmp_path):  # noqa: F811

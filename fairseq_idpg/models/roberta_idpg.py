@@ -28,7 +28,6 @@ The prompt length t is ``--idpg-prompt-length`` (IDPG's t = 5).
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -44,6 +43,7 @@ from fairseq_idpg.data.sentence_representation_cache import (
     to_device,
 )
 from fairseq_idpg.errors import ConfigError, MissingFile
+from fairseq_idpg.layout import GLOVE_FILE, GPT2_BPE_DIRS
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
 from fairseq_idpg.modules.prompts.generator import KINDS, PromptGenerator
@@ -52,8 +52,7 @@ from fairseq_idpg.options import Options, option
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_GLOVE = REPO / "data" / "glove" / "glove.6B.300d.txt"  # where scripts/download.sh glove puts it
+DEFAULT_GLOVE = GLOVE_FILE
 DEFAULT_CACHE_DIR = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fairseq_idpg", "idpg"
 )
@@ -204,7 +203,8 @@ class RobertaIdpgModel(PromptedRobertaModel):
         self.glove = None
         d_in = d
         if args.idpg_input == "glove":
-            detokenizer = Detokenizer(encoder.dictionary, args.idpg_glove_bpe_dir)
+            bpe_dirs = [args.idpg_glove_bpe_dir] if args.idpg_glove_bpe_dir else GPT2_BPE_DIRS
+            detokenizer = Detokenizer(encoder.dictionary, bpe_dirs)
             self.glove = GloveSentenceEncoder(glove_path(args), detokenizer)
             d_in = self.glove.dim
         multi = args.idpg_depth == "multi"

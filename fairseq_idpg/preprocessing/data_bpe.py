@@ -3,9 +3,9 @@ the same way (EFL's label descriptions, ``tasks/efl_sentence_prediction.py``).
 
 ``task.json`` records the BPE kind and the sha256 of its files (``provenance``: ``bpe``, ``bpe_sha256``),
 not where they were. ``find_data_bpe`` takes the place given (``--efl-bpe-path``: the WordPiece
-vocab.txt or its folder, or the GPT-2 BPE folder), else looks where the project keeps them (the model
-folders under ``models/``, ``../shared/roberta_bpe``, ``models/gpt2_bpe``), and accepts only files whose
-sha256 are the recorded ones: text is never encoded with another vocabulary than the data's.
+vocab.txt or its folder, or the GPT-2 BPE folder), else looks in the places its caller names (the task:
+where the checkout keeps them, ``fairseq_idpg.layout.bpe_places``), and accepts only files whose sha256
+are the recorded ones: text is never encoded with another vocabulary than the data's.
 """
 
 from pathlib import Path
@@ -16,14 +16,7 @@ from fairseq_idpg.errors import ConfigError, MissingFile
 from ..data.digest import file_sha256
 from .prepare import bpe_files, encode
 
-REPO = Path(__file__).resolve().parents[2]
-SEARCHED = {
-    "wordpiece": lambda: sorted((REPO / "models").glob("*/vocab.txt")),
-    "gpt2": lambda: (
-        [REPO.parent / "shared" / "roberta_bpe", REPO / "models" / "gpt2_bpe"]
-        + sorted(p.parent for p in (REPO / "models").glob("*/encoder.json"))
-    ),
-}
+KINDS = ("wordpiece", "gpt2")
 
 
 def _files(bpe: str, place: Path):
@@ -40,14 +33,15 @@ def _matches(bpe: str, place: Path, recorded) -> bool:
     return recorded is None or all(recorded.get(name) == file_sha256(p) for name, p in files.items())
 
 
-def find_data_bpe(info, given: Optional[str] = None) -> Tuple[str, Path]:
-    """(kind, place) of the BPE ``info`` (a TaskInfo) was prepared with; ``ValueError`` in one line if not found."""
+def find_data_bpe(info, given: Optional[str] = None, places_of=lambda bpe: ()) -> Tuple[str, Path]:
+    """(kind, place) of the BPE ``info`` (a TaskInfo) was prepared with: ``given``, else the first of
+    ``places_of(kind)`` whose files match; a ConfigError in one line if none does."""
     provenance = info.provenance or {}
     bpe = provenance.get("bpe") or info.bpe
-    if bpe not in SEARCHED:
-        raise ConfigError(f"{info.task}: the data's BPE {bpe!r} is not one of {', '.join(SEARCHED)}")
+    if bpe not in KINDS:
+        raise ConfigError(f"{info.task}: the data's BPE {bpe!r} is not one of {', '.join(KINDS)}")
     recorded = provenance.get("bpe_sha256")
-    places: List[Path] = [Path(given)] if given else SEARCHED[bpe]()
+    places: List[Path] = [Path(given)] if given else list(places_of(bpe))
     for place in places:
         if _matches(bpe, place, recorded):
             return bpe, place

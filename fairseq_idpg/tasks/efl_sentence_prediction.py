@@ -32,6 +32,7 @@ from omegaconf import OmegaConf, open_dict
 
 from fairseq_idpg.data.label_descriptions import hypotheses_for
 from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.layout import bpe_places
 from fairseq_idpg.modules.entailment_head import install_entailment_head
 from fairseq_idpg.modules.entailment_pairs import append_hypotheses, class_scores, description_suffixes, pair_targets
 from fairseq_idpg.optim import mark_head
@@ -90,7 +91,7 @@ class EflSentencePredictionTask(PeftSentencePredictionTask):
         self.suffixes = self.suffix_lengths = self.bpe_place = None
         self.num_pairs = 1
         if self.hypotheses.kind == "description":
-            bpe, place = find_data_bpe(self.info, cfg.efl_bpe_path or None)
+            bpe, place = find_data_bpe(self.info, cfg.efl_bpe_path or None, places_of=bpe_places)
             self.bpe_place = place
             ids = encode_with_data_bpe(self.hypotheses.texts, self.source_dictionary, bpe, place)
             d = self.source_dictionary

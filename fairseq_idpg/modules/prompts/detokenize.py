@@ -4,8 +4,8 @@ The authors' code decodes each input with the model's BPE (``bpe.decode(dictiona
 and splits the text on white space. The same here, from the fairseq dictionary alone:
 
 - RoBERTa (GPT-2 BPE) dictionaries hold GPT-2 token ids as symbols: the ids are mapped back to
-  bytes with GPT-2's ``encoder.json`` (found in ``bpe_dir``: ``--idpg-glove-bpe-dir``, else
-  ``../shared/roberta_bpe`` or ``models/gpt2_bpe`` as written by ``scripts/download.sh bpe``).
+  bytes with GPT-2's ``encoder.json``, found in the first of the folders given (the model: its
+  ``--idpg-glove-bpe-dir``, else where the checkout keeps GPT-2's BPE, ``fairseq_idpg.layout``).
 - WordPiece dictionaries (the offline stand-in, ``--bpe wordpiece``) hold the pieces: pieces
   are joined with spaces and the ``##`` continuations glued back.
 
@@ -18,9 +18,6 @@ from pathlib import Path
 
 from fairseq_idpg.errors import MissingFile
 
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_BPE_DIRS = (REPO.parent / "shared" / "roberta_bpe", REPO / "models" / "gpt2_bpe")
-
 
 def is_gpt2_dictionary(dictionary, sample=1000):
     """True when the symbols after the specials are (mostly) integers: GPT-2 BPE ids."""
@@ -28,12 +25,12 @@ def is_gpt2_dictionary(dictionary, sample=1000):
     return bool(symbols) and sum(s.isdigit() for s in symbols) >= 0.9 * len(symbols)
 
 
-def find_encoder_json(bpe_dir=None):
-    candidates = [Path(bpe_dir)] if bpe_dir else list(DEFAULT_BPE_DIRS)
-    for d in candidates:
+def find_encoder_json(bpe_dirs):
+    """encoder.json of the first folder of ``bpe_dirs`` that has one."""
+    for d in map(Path, bpe_dirs):
         if (d / "encoder.json").is_file():
             return d / "encoder.json"
-    where = bpe_dir or " or ".join(str(d) for d in DEFAULT_BPE_DIRS)
+    where = " or ".join(str(d) for d in bpe_dirs)
     raise MissingFile(
         f"--idpg-glove-bpe-dir: GPT-2 encoder.json not found in {where} (needed to turn RoBERTa "
         f"token ids back into words for GloVe; scripts/download.sh bpe fetches it)"
@@ -43,7 +40,7 @@ def find_encoder_json(bpe_dir=None):
 class Detokenizer:
     """``decode(ids)`` -> text for one example's token ids (a list or 1-D tensor)."""
 
-    def __init__(self, dictionary, bpe_dir=None):
+    def __init__(self, dictionary, bpe_dirs=()):
         self.dictionary = dictionary
         self.skip = {dictionary.bos(), dictionary.pad()}
         self.eos = dictionary.eos()
@@ -51,7 +48,7 @@ class Detokenizer:
         if self.gpt2:
             from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
 
-            with open(find_encoder_json(bpe_dir), encoding="utf-8") as f:
+            with open(find_encoder_json(bpe_dirs), encoding="utf-8") as f:
                 by_id = {v: k for k, v in json.load(f).items()}
             byte_of = {c: b for b, c in bytes_to_unicode().items()}
             # per dictionary index: the bytes it stands for (symbols that are not ids: none)
