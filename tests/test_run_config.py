@@ -220,3 +220,52 @@ def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, s
         assert main_job.main(["RTE", "--validate-interval-updates", bad, "--work-dir", str(tmp_path / "w")]) == 2
         assert capsys.readouterr().err == f"run.sh: error: {message}\n"
     assert not (tmp_path / "w").exists()
+
+
+# ---------------------------------------------------------------------------------------- the example specs
+# each example spec's distinct configurations (task, method, flags, data budget, head lr: the first run of each),
+# planned dry and normalized: the digest of their hashes, as at 84cf402 (before the model settings entered
+# config.json and run.py became a package); supplementary.yaml's model folder is made by its stage 1, so its
+# runs are refused here (the refusal is part of the digest)
+SPEC_RUN_NAMES = {
+    "examples/dpt/glue.yaml": "b077b0080826",
+    "examples/dpt/smoke.yaml": "ac42aa59b577",
+    "examples/idpg/ablation-generator.yaml": "6c72c997ea42",
+    "examples/idpg/ablation-multilayer.yaml": "67e864a19d47",
+    "examples/idpg/ablation-position.yaml": "05d160122f91",
+    "examples/idpg/smoke.yaml": "7476e0da3ed1",
+    "examples/idpg/supplementary.yaml": "13ee6e0ce334",
+    "examples/idpg/table1.yaml": "e7e2ba50afe3",
+    "examples/idpg/table3-standin.yaml": "6b060d01f3f4",
+    "examples/idpg/table3.yaml": "b0a5af7868e2",
+    "examples/inducer/ablations.yaml": "b6073a51ae39",
+    "examples/inducer/nlu.yaml": "00e9ce7f1d28",
+    "examples/inducer/smoke.yaml": "3e451466ed75",
+    "examples/study/standin-dpt-diagnosis.yaml": "3d69b5ce72eb",
+    "examples/study/standin-dpt-glue.yaml": "b128524a2db7",
+    "examples/study/standin-fewshot.yaml": "f82f95923eea",
+    "examples/study/standin-inducer-diagnosis.yaml": "2bf8a03f50fe",
+    "examples/study/standin-inducer-nlu.yaml": "d1485f1a2062",
+    "examples/study/standin-sidpg-diagnosis.yaml": "70cb2c3d16b0",
+}
+
+
+def test_the_example_specs_keep_their_run_names(shared_data, standin, tmp_path):
+    from fairseq_idpg.sweep import load_spec
+
+    found = {}
+    for path in sorted(REPO.glob("examples/*/*.yaml")):
+        spec, names = load_spec(path), {}
+        for run in spec.runs:
+            request = run.request(spec.model, tmp_path / "work", True)
+            key = (request.task, request.method, request.extra_args, request.few_shot, request.dev_from_train,
+                   request.head_lr)  # fmt: skip
+            if key not in names:
+                try:
+                    config = main_job.plan(request, log=main_job.quiet).config
+                    names[key] = main_job.config_hash(normalized(config, [], tmp_path / "work", standin, tmp_path)[0])
+                except main_job.RunError as e:
+                    names[key] = "refused: " + str(e)[:40]
+        digest = hashlib.sha256(json.dumps(sorted(names.values())).encode()).hexdigest()[:12]
+        found[str(path.relative_to(REPO))] = digest
+    assert found == SPEC_RUN_NAMES
