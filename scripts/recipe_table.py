@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fairseq_idpg.methods import LARGE_TASKS, METHODS
+from fairseq_idpg.methods import FAMILIES, LARGE_TASKS, METHODS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
 FIELDS = (
@@ -55,6 +55,20 @@ def _per_task(recipe):
     )
 
 
+def method_list():
+    """The methods by family (``Method.family``): name, architecture, what it is, source, what it can do."""
+    lines = ["## The methods, by family", ""]
+    for family, what in FAMILIES.items():
+        lines += [f"**{family}**: {what}", ""]
+        lines += ["| method | arch | what it is | source | exports to, merges |", "|---|---|---|---|---|"]
+        for name, m in METHODS.items():
+            if m.family == family:
+                can = [*m.exports_to, *(["merges into the backbone"] if m.merges_into_backbone else [])]
+                lines.append(f"| `{name}` | `{m.arch}` | {m.description} | {m.source} | {', '.join(can) or '-'} |")
+        lines.append("")
+    return lines
+
+
 def render():
     lines = [
         "# Training recipes",
@@ -86,7 +100,7 @@ def render():
             f"| `{name}` | `{method.arch}` | {lr} | {schedule} | {_num(r.batch)} | {_budget(r)} | {_num(r.clip_norm)} "
             f"| {_num(r.weight_decay)} | {_num(r.dropout)} | {r.select_on} | {_per_task(r)} |"
         )
-    lines += ["", "## Where each value comes from", ""]
+    lines += ["", *method_list(), "## Where each value comes from", ""]
     groups = {}
     for name, method in METHODS.items():
         key = tuple((f, method.recipe.sources.get(f, "")) for f in FIELDS)
