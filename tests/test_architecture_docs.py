@@ -1,14 +1,19 @@
-"""docs/architecture.md's worked example is true: its code blocks, applied as the page says in a
-temporary copy of the repository, give a method that the page's commands test with the promised
-result (among them fairseq-train's parser taking ``--prompt-matrix kronecker``: test_dpt's
-per-preset parser test), a regenerated docs/recipes.md, and code that passes ruff.
+"""The worked examples of docs/architecture.md (and of docs/blocks.md, should it get any) are true: each,
+applied as the page says in its own temporary copy of the repository, gives a method that the page's
+commands test with the promised result, a regenerated docs/recipes.md, and code that passes ruff; and it
+touches only the files the checklist allows ("Adding a method: the checklist": the block file, its import
+line in its package's ``__init__.py``, the record in ``fairseq_idpg/methods.py``, a ``roberta_prompt``
+method's count formula in tests/test_dpt.py, docs/recipes.md). There is one for every architecture of the
+frozen-backbone records.
 
-The page's steps are fenced blocks whose first line is ``# N. what: PATH`` (a new file is written,
-an existing one gets the block appended), then one ``sh`` block of commands, each run in the copy;
-a ``# K passed`` comment is the pytest result the page promises. When the page and the code drift
-apart, this fails.
+An example is a section ``### Worked example: TITLE (`ARCH`)`` whose steps are fenced blocks whose first
+line is ``# N. what: PATH`` (a new file is written; an existing one gets the block appended, except a
+block whose ``what`` says "added to the import line": its names join the file's last import line of that
+module), then one ``sh`` block of commands, each run in the copy; a ``# K passed`` comment is the pytest
+result the page promises. When a page and the code drift apart, this fails.
 """
 
+import hashlib
 import os
 import re
 import shlex
@@ -16,26 +21,49 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, NamedTuple, Optional, Tuple
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGE = REPO / "docs" / "architecture.md"
-EXAMPLE = "### Worked example"
+PAGES = (REPO / "docs" / "architecture.md", REPO / "docs" / "blocks.md")
+EXAMPLE = re.compile(r"^### Worked example: (.*?) \(`(\w+)`\)\n(.*?)(?=^##)", re.M | re.S)
 COPIED = ("fairseq_idpg", "tests", "scripts", "docs", "pyproject.toml", "setup.py", "fairseq_idpg_compat.py")
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
-STEP = re.compile(r"# (\d+)\. [^\n]*?(?:: (\S+))?\n")
+STEP = re.compile(r"# (\d+)\. ([^\n]*?)(?:: (\S+))?\n")
+IMPORT = re.compile(r"^from (\S+) import ([\w, ]+?)(\s*#.*)?$", re.M)
+ADD_TO_IMPORT = "added to the import line"
+# what a method may touch (the checklist's table): a new block file in a block package, that package's
+# __init__.py (import lines only), the records, a roberta_prompt method's count formulas, the generated docs
+BLOCK_PACKAGES = ("fairseq_idpg/blocks", "fairseq_idpg/modules/prompts")
+RECORDS, FORMULAS, GENERATED = "fairseq_idpg/methods.py", "tests/test_dpt.py", "docs/recipes.md"
+SCRATCH = ("__pycache__", ".pytest_cache", ".ruff_cache")
 
 
-def worked_example():
-    """([(path, code)] of the edits, [(command, promised pytest result or None)]) of the page's example."""
-    text = PAGE.read_text(encoding="utf-8")
-    assert EXAMPLE in text, f"{PAGE} has no '{EXAMPLE}' section"
-    section = text.split(EXAMPLE, 1)[1].split("\n## ", 1)[0]
+class Edit(NamedTuple):
+    path: str
+    code: str
+    into_import_line: bool
+
+
+class Example(NamedTuple):
+    title: str
+    arch: str
+    edits: List[Edit]
+    commands: List[Tuple[str, Optional[str]]]  # (command, the pytest result it promises or None)
+
+    @property
+    def record(self):
+        """The name of the method the example registers: the first string of its record."""
+        (code,) = [e.code for e in self.edits if e.path == RECORDS]
+        return re.search(r'"([\w.-]+)"', code).group(1)
+
+
+def parse(title, arch, section):
     edits, commands, numbers = [], [], []
     for language, body in FENCE.findall(section):
         step = STEP.match(body)
-        assert step, f"a block of the worked example does not start with '# N. what: PATH': {body[:60]!r}"
+        assert step, f"{title}: a block does not start with '# N. what: PATH': {body[:60]!r}"
         numbers.append(int(step.group(1)))
         if language == "sh":
             for line in filter(str.strip, body[step.end() :].splitlines()):
@@ -43,28 +71,77 @@ def worked_example():
                 promised = re.search(r"(\d+ passed)", comment)
                 commands.append((command.strip(), promised.group(1) if promised else None))
         else:
-            assert step.group(2), f"step {step.group(1)} names no file"
-            edits.append((step.group(2), body[step.end() :]))
-    assert numbers == list(range(1, len(numbers) + 1)), f"the steps are numbered {numbers}"
-    return edits, commands
+            assert step.group(3), f"{title}: step {step.group(1)} names no file"
+            edits.append(Edit(step.group(3), body[step.end() :], ADD_TO_IMPORT in step.group(2)))
+    assert numbers == list(range(1, len(numbers) + 1)), f"{title}: the steps are numbered {numbers}"
+    return Example(title, arch, edits, commands)
+
+
+def worked_examples():
+    """{title: Example} of every worked example of the pages."""
+    found = {}
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8") + "\n## end\n"
+        for title, arch, section in EXAMPLE.findall(text):
+            assert title not in found, f"two worked examples are called {title!r}"
+            found[title] = parse(title, arch, section)
+    return found
 
 
 def copy_repository(target):
     for name in COPIED:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(source, target / name, ignore=shutil.ignore_patterns(*SCRATCH, "*.pyc"))
         else:
             shutil.copy(source, target / name)
 
 
+def add_to_import_line(text, line):
+    """``text`` with the names imported by ``line`` (``from M import a, b``) added to its last import line
+    from M, sorted; the comment of that line stays."""
+    new = IMPORT.match(line.strip())
+    assert new, f"not one import line: {line!r}"
+    old = [m for m in IMPORT.finditer(text) if m.group(1) == new.group(1)][-1]
+    names = sorted({n.strip() for m in (old, new) for n in m.group(2).split(",")})
+    return f"{text[: old.start()]}from {old.group(1)} import {', '.join(names)}{old.group(3) or ''}{text[old.end() :]}"
+
+
 def apply(edits, root):
-    for path, code in edits:
-        file = root / path
-        if file.exists():
-            file.write_text(file.read_text(encoding="utf-8").rstrip("\n") + "\n\n\n" + code, encoding="utf-8")
+    for edit in edits:
+        file = root / edit.path
+        if edit.into_import_line:
+            file.write_text(add_to_import_line(file.read_text(encoding="utf-8"), edit.code), encoding="utf-8")
+        elif file.exists():
+            file.write_text(file.read_text(encoding="utf-8").rstrip("\n") + "\n\n\n" + edit.code, encoding="utf-8")
         else:
-            file.write_text(code, encoding="utf-8")
+            file.write_text(edit.code, encoding="utf-8")
+
+
+def snapshot(root):
+    """{path: sha256} of the copy's files (caches left out)."""
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file() and not set(p.relative_to(root).parts) & set(SCRATCH) and p.suffix != ".pyc"
+    }
+
+
+def allowed(example):
+    """The files ``example`` may touch: its new block file, its package's __init__.py, the records, the count
+    formulas (a roberta_prompt method), the generated docs."""
+    new = [e.path for e in example.edits if not (REPO / e.path).exists()]
+    assert len(new) <= 1 and all(p.rsplit("/", 1)[0] in BLOCK_PACKAGES for p in new), (
+        f"{example.title}: new files {new}; a method adds at most its block, in {' or '.join(BLOCK_PACKAGES)}"
+    )
+    files = {*new, *(p.rsplit("/", 1)[0] + "/__init__.py" for p in new), RECORDS, GENERATED}
+    return files | ({FORMULAS} if example.arch == "roberta_prompt" else set())
+
+
+def changed_lines(before, after):
+    """The lines of ``after`` not in ``before`` and of ``before`` not in ``after``."""
+    old, new = before.splitlines(), after.splitlines()
+    return [line for line in new if line not in old] + [line for line in old if line not in new]
 
 
 def run(argv, root):
@@ -72,35 +149,61 @@ def run(argv, root):
     return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_the_worked_example_parses():
-    edits, commands = worked_example()
-    assert [path for path, _ in edits] == [
+EXAMPLES = worked_examples()
+
+
+def test_every_architecture_has_a_worked_example_that_parses():
+    from fairseq_idpg.methods import METHODS
+
+    architectures = sorted({m.arch for m in METHODS.values() if m.frozen_backbone})
+    assert sorted(e.arch for e in EXAMPLES.values()) == architectures, list(EXAMPLES)
+    for example in EXAMPLES.values():
+        touched = {e.path for e in example.edits}
+        assert RECORDS in touched, f"{example.title}: no method record"
+        assert touched <= allowed(example), f"{example.title}: edits {sorted(touched - allowed(example))}"
+        assert example.record not in METHODS, f"{example.title}: {example.record} is a record already"
+        chosen = [k for command, _ in example.commands for k in re.findall(r"-k (\S+)", command)]
+        assert any(k in example.record for k in chosen), f"{example.title}: no pytest -k that picks its record"
+        assert any(promised for _, promised in example.commands), f"{example.title}: it promises no test result"
+    (prompt,) = [e for e in EXAMPLES.values() if e.arch == "roberta_prompt"]
+    assert [e.path for e in prompt.edits] == [
         "fairseq_idpg/modules/prompts/kronecker_prompt.py",
         "fairseq_idpg/modules/prompts/__init__.py",
-        "fairseq_idpg/methods.py",
-        "tests/test_dpt.py",
+        RECORDS,
+        FORMULAS,
     ]
-    assert any(promised for _, promised in commands), "the page promises no test result"
 
 
-@pytest.mark.slow  # about 30 s: four interpreter starts with fairseq
-def test_the_worked_example_applied_in_a_copy_passes_what_the_page_promises(tmp_path):
-    edits, commands = worked_example()
+@pytest.mark.slow  # about 40 s each: interpreter starts with fairseq, ruff over the copy
+@pytest.mark.parametrize("title", EXAMPLES)
+def test_the_worked_example_applied_in_a_copy_passes_what_the_page_promises(tmp_path, title):
+    example = EXAMPLES[title]
     root = tmp_path / "repo"
     root.mkdir()
     copy_repository(root)
-    apply(edits, root)
+    before = snapshot(root)
+    texts = {path: (root / path).read_text(encoding="utf-8") for path in before if path.endswith("__init__.py")}
+    apply(example.edits, root)
 
-    for command, promised in commands:
+    for command, promised in example.commands:
         argv = [sys.executable if word == "python" else word for word in shlex.split(command)]
         out = run(argv, root)
         assert out.returncode == 0, f"{command}:\n{(out.stdout + out.stderr)[-4000:]}"
         if promised:
             summary = out.stdout.strip().splitlines()[-1]
             assert re.search(rf"\b{promised}\b", summary) and "failed" not in summary, f"{command}: {summary}"
-    assert "`kronecker-prompt-100`" in (root / "docs" / "recipes.md").read_text(encoding="utf-8")
+    assert f"`{example.record}`" in (root / GENERATED).read_text(encoding="utf-8")
+    read = f"from fairseq_idpg.methods import METHODS; print(METHODS[{example.record!r}].arch)"
+    assert run([sys.executable, "-c", read], root).stdout.strip() == example.arch
+
+    after = snapshot(root)
+    touched = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    assert touched <= allowed(example), f"{title} touched {sorted(touched - allowed(example))}"
+    for path in touched & texts.keys():
+        lines = changed_lines(texts[path], (root / path).read_text(encoding="utf-8"))
+        assert all(line.startswith(("from . import", "#")) for line in filter(str.strip, lines)), (path, lines)
 
     pytest.importorskip("ruff", reason="ruff is in the test extras: pip install -e '.[test]'")
     for check in (["check"], ["format", "--check"]):
         out = run([sys.executable, "-m", "ruff", *check, "."], root)
-        assert out.returncode == 0, f"the worked example fails ruff {' '.join(check)}:\n{out.stdout[-4000:]}"
+        assert out.returncode == 0, f"{title} fails ruff {' '.join(check)}:\n{out.stdout[-4000:]}"
