@@ -4,6 +4,8 @@ backbone and builder are conftest's.
 
 The methods a test runs come from the registry (``fairseq_idpg.methods.METHODS``), chosen by what their
 settings turn on (``methods_with``), never from a list of names: a new record is tested wherever its blocks are.
+Blocks come from the block registry (``fairseq_idpg.blocks.BLOCKS``: ``blocks_in`` a slot, ``size_options``), and
+what a built model's blocks attach is read from the blocks' own ``layer_blocks`` (``block_tensors``).
 """
 
 import json
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_idpg.blocks import BLOCKS, blocks_turned_on
+from fairseq_idpg.blocks import BLOCKS, EncoderSizes, blocks_turned_on
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.slots import SLOTS
 
@@ -51,6 +53,64 @@ def methods_with(*blocks, slots=(), where=None):
     names = [name for name in block_methods() if chosen(name)]
     assert names, f"no method of the registry matches blocks={blocks}, slots={slots}, where={where}"
     return names
+
+
+def blocks_in(*slots):
+    """The registered blocks (``fairseq_idpg.blocks.BLOCKS``), in registration order, that attach to one of
+    ``slots``. Never empty, as ``methods_with``."""
+    names = [name for name, cls in BLOCKS.items() if set(cls.slots) & set(slots)]
+    assert names, f"no registered block attaches to {slots}; slots: {', '.join(SLOTS)}"
+    return names
+
+
+def size_options(block):
+    """The size options block ``block`` declares (``option(..., size=True)``: a rank or size, 0: off)."""
+    return [f.name for f, _ in BLOCKS[block].options() if f.metadata["size"]]
+
+
+def block_attachments(model):
+    """``{(layer index, attribute name): block}`` of the modules each active block of ``model`` attaches, read
+    from the blocks' own ``layer_blocks`` (built again under a forked RNG: the model's randomness is untouched)."""
+    encoder = EncoderSizes.of(model.args)
+    with torch.random.fork_rng(devices=[]):
+        return {
+            (i, attachment.name): config.name
+            for config in model.block_configs
+            if config.active()
+            for i in range(encoder.layers)
+            for attachment in config.layer_blocks(i, encoder, model)
+        }
+
+
+def attached(model):
+    """``(layer index, slot, attribute name, module)`` of every module attached to a slot of ``model``'s layers
+    (the attention's slots, then the layer's), in attaching order."""
+    for i, layer in enumerate(model.encoder.sentence_encoder.layers):
+        for host in (layer.self_attn, layer):
+            for slot, names in getattr(host, "slots", {}).items():
+                for name in names:
+                    if getattr(host, name, None) is not None:
+                        yield i, slot, name, getattr(host, name)
+
+
+def block_tensors(model):
+    """``{block: names of its tensors}`` of the active blocks of ``model``: the parameters of the modules attached
+    to the layers' slots (prefix tuning's: the model's shared encoder, attached unowned), each checked to be what
+    an active block's ``layer_blocks`` builds, at a slot it declares, and the backbone tensors a block declares
+    trained (BitFit's biases)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {config.name: set() for config in model.block_configs if config.active()}
+    owners = block_attachments(model)
+    for i, slot, name, module in attached(model):
+        block = owners.get((i, name))
+        assert block is not None, f"layer {i}: {name!r} attached to {slot!r}, and no active block builds it"
+        assert slot in BLOCKS[block].slots, f"{block} attaches {name!r} to {slot!r}, not a slot it declares"
+        tensors[block] |= {names[id(p)] for p in module.parameters()}
+    assert {(i, name) for i, _, name, _ in attached(model)} == set(owners), "a block's module is not attached"
+    for config in model.block_configs:
+        if config.active():
+            tensors[config.name] |= {n for n in model.backbone_names if config.trains_backbone_parameter(n)}
+    return tensors
 
 
 def logits(model, tokens=TOKENS):

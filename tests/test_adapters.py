@@ -1,5 +1,6 @@
 """Houlsby adapter, parallel FFN adapter, Compacter and BitFit: the layer with empty slots is
-fairseq's layer, zero up-projections leave the backbone unchanged, placement, counts, errors."""
+fairseq's layer, zero up-projections leave the backbone unchanged, placement, counts, errors. The methods
+come from the registry (``blocks_support``); a compact checkpoint's resume: tests/test_block_generic.py."""
 
 import copy
 import re
@@ -7,12 +8,8 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from blocks_support import logits, methods_with, run_main_job
-from checkpoint_support import (
-    assert_compact_and_resumable,
-    assert_hub_agrees_with_validation,
-    resume_matches_uninterrupted,
-)
+from blocks_support import block_tensors, blocks_in, logits, methods_with, run_main_job
+from checkpoint_support import assert_compact_and_resumable, assert_hub_agrees_with_validation
 from conftest import SHARED, build_tiny
 
 from fairseq_idpg.blocks import BLOCKS
@@ -21,7 +18,9 @@ from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 
-ADAPTERS = ("adapter", "ffn_adapter")  # the blocks of this file with modules: sequential and parallel adapters
+# the adapters, from the block registry: the blocks on the sublayers' outputs or beside the FFN (sequential and
+# parallel adapters), whose up-projection is their output
+ADAPTERS = blocks_in("after_attention", "after_ffn", "ffn")
 
 
 def test_layer_with_empty_slots_is_fairseqs_layer(tiny):
@@ -46,9 +45,10 @@ def test_zero_up_projection_leaves_the_backbone_unchanged(tiny, preset):
     others = {k: v for k, v in METHODS[preset].preset.items() if k not in adapter_options}
     reference = build_tiny(tiny, "roberta_blocks", bitfit=True, **others).eval()
     missing, unexpected = reference.load_state_dict(model.state_dict(), strict=False)
-    assert not missing and unexpected and all("_adapter." in k for k in unexpected)
-    up = [p for name, p in model.named_parameters() if "_adapter.up." in name]
-    assert up
+    adapter_tensors = set().union(*(names for block, names in block_tensors(model).items() if block in ADAPTERS))
+    assert not missing and unexpected and set(unexpected) == adapter_tensors
+    up = [p for name, p in model.named_parameters() if name in adapter_tensors and ".up." in name]
+    assert up, f"{preset}: no up-projection (.up.) among the adapters' tensors {sorted(adapter_tensors)}"
     with torch.no_grad():
         for p in up:
             p.normal_(0, 0.1)
@@ -121,49 +121,25 @@ def test_bitfit_trains_exactly_the_encoder_biases(tiny):
     assert model.encoder.sentence_encoder.layers[0].fc1.bias.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize(
-    "flags,message",
-    [
-        (
-            dict(blocks_preset="houlsby-adapter", adapter_dim=33),
-            "--adapter-dim must be between 1 and the model dimension 32, got 33",
-        ),
-        (
-            dict(blocks_preset="houlsby-adapter", adapter_dim=0),
-            "--adapter-dim must be >= 1 for --blocks-preset houlsby-adapter (got 0)",
-        ),
-        (
-            dict(blocks_preset="compacter", compacter_n=3),
-            "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16",
-        ),
-        (
-            dict(blocks_preset="compacter", encoder_attention_heads=3),
-            "--encoder-attention-heads 3 must divide --encoder-embed-dim 32",
-        ),
-        (
-            dict(blocks_preset="mam-adapter", ffn_adapter_dim=40),
-            "--ffn-adapter-dim must be between 1 and the model dimension 32, got 40",
-        ),
-    ],
-)
-def test_invalid_settings_fail_at_build_time(tiny, flags, message):
+COMPACTERS = methods_with("adapter", where=lambda blocks: blocks["adapter"].adapter == "compacter")
+# (record, flags, message), each record from the registry: every record of the block the flag belongs to (the size
+# options at 0 and below: tests/test_block_generic.py, for every block)
+INVALID = [
+    *((preset, dict(adapter_dim=33), "--adapter-dim must be between 1 and the model dimension 32, got 33")
+      for preset in methods_with("adapter")),
+    *((preset, dict(compacter_n=3), "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16")
+      for preset in COMPACTERS),
+    *((preset, dict(encoder_attention_heads=3), "--encoder-attention-heads 3 must divide --encoder-embed-dim 32")
+      for preset in COMPACTERS),
+    *((preset, dict(ffn_adapter_dim=dim), f"--ffn-adapter-dim must be between 1 and the model dimension 32, got {dim}")
+      for preset in methods_with("ffn_adapter") for dim in (40, 64)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset,flags,message", INVALID, ids=[f"{p}: {m}" for p, _, m in INVALID])
+def test_invalid_settings_fail_at_build_time(tiny, preset, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_tiny(tiny, "roberta_blocks", **flags).eval()
-
-
-@pytest.mark.parametrize("preset", methods_with(*ADAPTERS, "bitfit"))
-def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
-    """Saved compact after 3 steps (BitFit: the trained biases, not the frozen weights), loaded into a
-    fresh model with fairseq's Adam and scheduler state: 3 more steps equal 6 uninterrupted ones."""
-
-    def build(seed):
-        torch.manual_seed(seed)
-        return build_tiny(tiny, "roberta_blocks", blocks_preset=preset, save_trainable_only=True)
-
-    state = resume_matches_uninterrupted(build, tmp_path / "checkpoint_last.pt")
-    model = build(0)
-    assert not set(state) & model.frozen_names()
-    assert {n for n, p in model.named_parameters() if p.requires_grad} < set(state)
+        build_tiny(tiny, "roberta_blocks", blocks_preset=preset, **flags).eval()
 
 
 @pytest.mark.slow

@@ -10,8 +10,12 @@ written out by hand from fairseq's weights (post-LN, as RoBERTa: ``normalize_bef
                                                        MAM adapter, MAM inducer-tuning section 5.2), s = 2
 
 with f(h) = s (W_up Dropout(ReLU(W_down h + b_d)) + b_u) (``BottleneckAdapter``) or PHM_up(GELU(PHM_down(h)))
-(``CompacterAdapter``). A block the reference does not write out (a new one) is called through its slot's
-convention at the slot's place (``modules/slots.py``): its placement is checked, its maths is its own tests'.
+(``CompacterAdapter``). Every other block enters at its slot's place (``modules/slots.py``) by its own formula in
+``FORMULAS``, computed from its tensors by its paper's equation, never by its ``project()`` / forward: LoRA
+W x + b + (alpha / r) B A x on q and v; (IA)^3 l_k * k, l_v * v, l_ff * GELU(W_1 y + b_1); the inducer's
+lambda and value term (Eqs. 5-9); prefix tuning's attention over [P_k; K], [P_v; V]; BitFit's biases are the b
+of every linear map and LayerNorm above. A registered block without a formula fails here (its module, and
+``test_every_block_has_an_independent_formula``) with a message saying to add one.
 Every trained tensor is set to random non-zero values first: the zero-initialised
 up-projections would make every placement agree. The misplaced variants show the check can fail: moving the
 attention adapter after the LayerNorm (in the reference or in the layer itself) no longer matches.
@@ -21,15 +25,17 @@ attention adapter after the LayerNorm (in the reference or in the layer itself) 
 """
 
 import copy
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from blocks_support import block_methods, method_slots, methods_with
+from blocks_support import block_attachments, block_methods, method_slots, methods_with
 from conftest import build_tiny
 
+from fairseq_idpg.blocks import BLOCKS
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 
 LENGTHS = (7, 5, 3)  # one full row and two padded ones
@@ -122,10 +128,11 @@ def split_heads(t, heads):
 
 
 def reference_lora(lora, x, drop, misplace):
-    """(alpha / r) Dropout(x) A^T B^T (Hu et al. 2021): the dropout on the input."""
+    """(alpha / r) Dropout(x) A^T B^T (Hu et al. 2021): the dropout on the input; r = the rows of A."""
+    scaling = lora.alpha / lora.A.size(0)
     if "lora-dropout-on-output" in misplace:
-        return drop(x @ lora.A.T @ lora.B.T * lora.scaling, lora.dropout.p)
-    return drop(x, lora.dropout.p) @ lora.A.T @ lora.B.T * lora.scaling
+        return drop(x @ lora.A.T @ lora.B.T * scaling, lora.dropout.p)
+    return drop(x, lora.dropout.p) @ lora.A.T @ lora.B.T * scaling
 
 
 def reference_prefixes(encoder, layer):
@@ -143,6 +150,44 @@ def slot_blocks(host, slot):
     return [(name, getattr(host, name)) for name in names if getattr(host, name, None) is not None]
 
 
+def reference_inducer(ind, q, ctx, scores, raw, drop=no_drop, misplace=()):
+    """Inducer-tuning Eqs. 5-9 (the module docstring of modules/attention/inducer.py): the heads' context and the
+    term added to the output projection, (ctx, Delta), from the queries q [B, H, T, d_h], the heads' context, the
+    masked and raw scores."""
+    k_ind = q
+    if ind.key_rank:  # k~ = q + tanh(q A_k + a_k) B_k + b_k (Eq. 5)
+        hidden = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.key_A) + ind.key_a[:, None])
+        k_ind = q + torch.einsum("bhtr,hrd->bhtd", hidden, ind.key_B) + ind.key_b[:, None]
+    s = (q * k_ind).sum(-1) / math.sqrt(q.size(-1))  # [B, H, T]
+    lam = torch.sigmoid(s - torch.logsumexp(scores if ind.mask_lambda else raw, dim=-1))  # Eq. 7
+    moved = "lambda-dropout-on-output" in misplace
+    if not moved:
+        lam = drop(lam, ind.lambda_dropout)
+    z = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.value_A) + ind.value_a[:, None])
+    gate = (1 - lam).unsqueeze(-1) if ind.output == "gated" else 1.0
+    if ind.extend_value:  # Delta = sum_h lambda_h z_h B_v[h] + b_v, in the output space
+        delta = torch.einsum("bhtr,hrd->tbd", lam.unsqueeze(-1) * z, ind.value_B) + ind.value_b
+        return ctx * gate, drop(delta, ind.lambda_dropout) if moved else delta
+    # v~_h = z_h B_v[h] + b_v[h] inside each head
+    term = lam.unsqueeze(-1) * (torch.einsum("bhtr,hrd->bhtd", z, ind.value_B) + ind.value_b[:, None])
+    return ctx * gate + (drop(term, ind.lambda_dropout) if moved else term), None
+
+
+def reference_projection(lora, x, y, drop=no_drop, misplace=()):
+    """LoRA on W_q / W_v: W x + b + (alpha / r) B A x."""
+    return y + reference_lora(lora, x, drop, misplace)
+
+
+def reference_scale(scale, t, drop=no_drop, misplace=()):
+    """(IA)^3 (Liu et al. 2022): l_ff * h elementwise, h the FFN's inner activations GELU(W_1 y + b_1)."""
+    return t * scale.l
+
+
+def reference_scaled_projection(scale, x, y, drop=no_drop, misplace=()):
+    """(IA)^3 on the keys and values: l_k * (W_k x + b_k), l_v * (W_v x + b_v)."""
+    return y * scale.l
+
+
 def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
     """The attention sublayer W_o Attn(x) + b_o [T, B, d], with whatever blocks ``attn`` carries."""
     length, bsz, dim = x.shape
@@ -152,12 +197,12 @@ def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
     for slot in "qkv":  # drawn in the module's order: LoRA q, then LoRA v
         y = linear(x, getattr(attn, f"{slot}_proj"))
         for name, block in slot_blocks(attn, slot):
-            y = y + reference_lora(block, x, drop, misplace) if name.startswith("lora_") else block.project(x, y)
+            y = formula(slot, name)(block, x, y, drop, misplace)
         projected.append(y)
     q, k, v = (split_heads(t, heads) for t in projected)
     key_pad = pad
     for name, block in slot_blocks(attn, "keys_values"):
-        pk, pv = reference_prefixes(block, attn.layer_index) if name == "prefix" else block.layer_kv(attn.layer_index)
+        pk, pv = formula("keys_values", name)(block, attn.layer_index)
         pk, pv = (split_heads(p[:, None].expand(-1, bsz, -1), heads) for p in (pk, pv))  # [B, H, l, d_h]
         k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
         key_pad = torch.cat([key_pad.new_zeros(bsz, pk.size(2)), key_pad], dim=1)  # prefixes are never masked
@@ -166,30 +211,9 @@ def reference_attention(attn, x, pad, drop=no_drop, misplace=()):
     probs = torch.softmax(scores, dim=-1)
     ctx = drop(probs, attn.dropout_module.p) @ v  # [B, H, T, d_h]
     delta = 0.0
-    ind = getattr(attn, "inducer", None)
-    if ind is not None:  # inducer-tuning Eqs. 5-9 (module docstring of modules/attention/inducer.py)
-        k_ind = q
-        if ind.key_rank:
-            hidden = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.key_A) + ind.key_a[:, None])
-            k_ind = q + torch.einsum("bhtr,hrd->bhtd", hidden, ind.key_B) + ind.key_b[:, None]
-        s = (q * k_ind).sum(-1) / math.sqrt(head_dim)  # [B, H, T]
-        lam = torch.sigmoid(s - torch.logsumexp(scores if ind.mask_lambda else raw, dim=-1))
-        moved = "lambda-dropout-on-output" in misplace
-        if not moved:
-            lam = drop(lam, ind.lambda_dropout)
-        z = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, ind.value_A) + ind.value_a[:, None])
-        gate = (1 - lam).unsqueeze(-1) if ind.output == "gated" else 1.0
-        if ind.extend_value:  # Delta = sum_h lambda_h z_h B_v[h] + b_v, in the output space
-            ctx = ctx * gate
-            delta = torch.einsum("bhtr,hrd->tbd", lam.unsqueeze(-1) * z, ind.value_B) + ind.value_b
-            delta = drop(delta, ind.lambda_dropout) if moved else delta
-        else:  # v~_h = z_h B_v[h] + b_v[h] inside each head
-            term = lam.unsqueeze(-1) * (torch.einsum("bhtr,hrd->bhtd", z, ind.value_B) + ind.value_b[:, None])
-            ctx = ctx * gate + (drop(term, ind.lambda_dropout) if moved else term)
     for name, block in slot_blocks(attn, "attention_output"):
-        if name != "inducer":
-            ctx, extra = block.attend(q, ctx, scores, raw, probs, key_pad, 1 / math.sqrt(head_dim))
-            delta = delta if extra is None else delta + extra
+        ctx, extra = formula("attention_output", name)(block, q, ctx, scores, raw, drop, misplace)
+        delta = delta if extra is None else delta + extra
     return linear(ctx.permute(2, 0, 1, 3).reshape(length, bsz, dim), attn.out_proj) + delta
 
 
@@ -207,6 +231,48 @@ def reference_adapter(adapter, h, drop=no_drop, misplace=()):
     return adapter.scale * (drop(hidden, adapter.dropout.p) @ adapter.up.weight.T + adapter.up.bias)
 
 
+# The independent formula of every registered block, in the convention of the slot it attaches to
+# (modules/slots.py), by the attribute name of its module in the layer (as the block's ``layer_blocks`` names it):
+#   q, k, v:            f(block, x, y, drop, misplace) -> y, the projection's output (y = W x + b)
+#   keys_values:        f(block, layer index) -> P_k, P_v [l, d], prepended to the keys and values (never masked)
+#   attention_output:   f(block, q, ctx, scores, raw scores, drop, misplace) -> ctx, Delta (or None)
+#   after_attention,
+#   after_ffn, ffn:     f(block, h, drop, misplace) -> f(h), added (h + f(h); beside the FFN: out + f(x))
+#   ffn_inner:          f(block, h, drop, misplace) -> h, the FFN's inner activations
+# each computed from the block's tensors by its paper's equation, never by the block's own forward. A new block
+# adds its equation here (test_every_block_has_an_independent_formula fails until it does; docs/blocks.md).
+FORMULAS = {
+    "lora": {"lora_q": reference_projection, "lora_v": reference_projection},
+    "ia3": {"ia3_k": reference_scaled_projection, "ia3_v": reference_scaled_projection, "ia3_ff": reference_scale},
+    "prefix": {"prefix": reference_prefixes},
+    "inducer": {"inducer": reference_inducer},
+    "adapter": {"attn_adapter": reference_adapter, "ffn_adapter": reference_adapter},
+    "ffn_adapter": {"parallel_adapter": reference_adapter},
+    # no module: BitFit trains the backbone's biases, the b of every ``linear`` and ``layer_norm`` of the reference
+    "bitfit": {},
+}
+FORMULA_OF = {name: formula for formulas in FORMULAS.values() for name, formula in formulas.items()}
+
+
+def formula(slot, name):
+    """The formula of the module attached to ``slot`` as ``name``; a failure saying to add one if none."""
+    if name not in FORMULA_OF:
+        pytest.fail(
+            f"no independent formula for the block module {name!r} in slot {slot!r}: add its paper's equation to "
+            f"FORMULAS in tests/test_block_placement.py (docs/blocks.md: tests)"
+        )
+    return FORMULA_OF[name]
+
+
+def by_formulas(layer, slot, t, combine):
+    """``t`` through the blocks of ``layer``'s ``slot`` by their formulas, ``t = combine(t, formula, block)`` for
+    each, but the adapters ``reference_layer`` writes out itself (to move them: ``MISPLACEMENTS``)."""
+    for name, block in slot_blocks(layer, slot):
+        if name not in ("attn_adapter", "ffn_adapter", "parallel_adapter"):
+            t = combine(t, formula(slot, name), block)
+    return t
+
+
 def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
     """The post-LN encoder layer by hand (module docstring), [T, B, d] -> [T, B, d]; ``misplace``: names of
     ``MISPLACEMENTS`` (and of the dropout misplacements of test_block_dropout.py) to compute instead."""
@@ -216,19 +282,16 @@ def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
     parallel = getattr(layer, "parallel_adapter", None)
     p = layer.dropout_module.p
 
-    def others(slot, t, combine):  # blocks the reference does not write out, called as their slot calls them
-        for name, block in slot_blocks(layer, slot):
-            if name not in ("attn_adapter", "ffn_adapter", "parallel_adapter"):
-                t = combine(t, block)
-        return t
+    others = functools.partial(by_formulas, layer)
+    added = lambda t, f, block: t + f(block, t, drop, misplace)  # noqa: E731
 
     def sequential(adapter, t, slot):  # the sublayer's dropout, then h + f(h)
         if adapter is None:
-            return others(slot, drop(t, p), lambda t, block: t + block(t))
+            return others(slot, drop(t, p), added)
         if "adapter-before-dropout" in misplace:
             return drop(t + reference_adapter(adapter, t, drop, misplace), p)
         t = drop(t, p)
-        return others(slot, t + reference_adapter(adapter, t, drop, misplace), lambda t, block: t + block(t))
+        return others(slot, t + reference_adapter(adapter, t, drop, misplace), added)
 
     h = reference_attention(layer.self_attn, x, pad, drop, misplace)
     after_ln = "attn-adapter-after-ln" in misplace
@@ -238,9 +301,9 @@ def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
 
     beside = parallel is not None and "parallel-adapter-sequential" not in misplace
     f_par = reference_adapter(parallel, y, drop, misplace) if beside else None  # drawn before the FFN's masks
-    f_par = others("ffn", f_par, lambda f, block: block(y) if f is None else f + block(y))
+    f_par = others("ffn", f_par, lambda f, fn, block: fn(block, y, drop, misplace) + (0.0 if f is None else f))
     g = drop(F.gelu(linear(y, layer.fc1)), layer.activation_dropout_module.p)
-    g = others("ffn_inner", g, lambda g, block: block(g))  # the FFN's inner activations, before fc2
+    g = others("ffn_inner", g, lambda g, fn, block: fn(block, g, drop, misplace))  # inner activations, before fc2
     after_ln = "ffn-adapter-after-ln" in misplace
     g = sequential(None if after_ln else ffn_adapter, linear(g, layer.fc2), "after_ffn")
     if parallel is not None and not beside:
@@ -270,6 +333,19 @@ def test_each_layer_equals_the_hand_built_layer(tiny, blocks_model, preset):
             out, expected = layer(x, pad), reference_layer(layer, x, pad)
             assert out.shape == x.shape
             assert torch.allclose(out, expected, atol=ATOL), f"layer {i}: max |diff| {max_diff(out, expected):.2e}"
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_every_block_has_an_independent_formula(blocks_model, block):
+    """Every registered block has its equation in ``FORMULAS``, for each module it attaches (every record of it)."""
+    assert block in FORMULAS, (
+        f"block {block!r} has no independent formula: add its paper's equation to FORMULAS in "
+        "tests/test_block_placement.py (docs/blocks.md: tests); its own forward is no reference"
+    )
+    for preset in methods_with(block):
+        model = blocks_model(preset)
+        names = {name for (_, name), owner in block_attachments(model).items() if owner == block}
+        assert names <= set(FORMULAS[block]), f"{preset}: no formula for {sorted(names - set(FORMULAS[block]))}"
 
 
 def test_the_blocks_sit_in_the_slots_the_presets_name(blocks_model):

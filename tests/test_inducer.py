@@ -1,5 +1,6 @@
 """Inducer-tuning (inducer-tuning sections 4.3-4.5, Tables 3 and 5): equivalences with attention
-computed explicitly, padding, gradients, precision, memory, presets, counts and build-time errors."""
+computed explicitly, padding, gradients, precision, memory, presets, counts and build-time errors. The methods
+come from the registry (``blocks_support``); a compact checkpoint's resume: tests/test_block_generic.py."""
 
 import copy
 import math
@@ -7,12 +8,8 @@ import re
 
 import pytest
 import torch
-from blocks_support import logits, methods_with, run_main_job
-from checkpoint_support import (
-    assert_compact_and_resumable,
-    assert_hub_agrees_with_validation,
-    resume_matches_uninterrupted,
-)
+from blocks_support import block_methods, logits, methods_with, run_main_job
+from checkpoint_support import assert_compact_and_resumable, assert_hub_agrees_with_validation
 from conftest import SHARED, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
@@ -219,50 +216,23 @@ def test_counts_match_the_paper():
         assert ours == paper, method
 
 
-@pytest.mark.parametrize(
-    "flags,message",
-    [
-        (
-            dict(blocks_preset="inducer-lora", lora_rank=0),
-            "--lora-rank must be >= 1 for --blocks-preset inducer-lora (got 0)",
-        ),
-        (dict(blocks_preset="inducer", inducer_value_rank=0), "--inducer-value-rank must be >= 1"),
-        (dict(blocks_preset="inducer", inducer_key_rank=1), "--inducer-key-rank must be 0 (k~ = q) or >= 2, got 1"),
-        (
-            dict(blocks_preset="inducer", inducer_lambda_dropout=1.0),
-            "--inducer-lambda-dropout must be in [0, 1), got 1.0",
-        ),
-        (
-            dict(blocks_preset="mam-inducer", ffn_adapter_dim=64),
-            "--ffn-adapter-dim must be between 1 and the model dimension 32, got 64",
-        ),
-        (
-            dict(blocks_preset="inducer", encoder_attention_heads=5),
-            "--encoder-attention-heads 5 must divide --encoder-embed-dim 32",
-        ),
-        (
-            dict(blocks_preset="inducer", inducer_output="both"),
-            "--inducer-output must be one of residual, gated, got 'both'",
-        ),
-        (dict(blocks_preset="nope"), "--blocks-preset must be one of inducer, inducer-lora, mam-inducer"),
-    ],
-)
-def test_invalid_settings_fail_at_build_time(tiny, flags, message):
+# (record, flags, message), each record from the registry: every record of the block (or of the model) the flag
+# belongs to (the size options at 0 and below: tests/test_block_generic.py, for every block)
+INVALID = [
+    *((preset, flags, message) for preset in methods_with("inducer") for flags, message in (
+        (dict(inducer_key_rank=1), "--inducer-key-rank must be 0 (k~ = q) or >= 2, got 1"),
+        (dict(inducer_lambda_dropout=1.0), "--inducer-lambda-dropout must be in [0, 1), got 1.0"),
+        (dict(inducer_output="both"), "--inducer-output must be one of residual, gated, got 'both'"),
+        (dict(encoder_attention_heads=5), "--encoder-attention-heads 5 must divide --encoder-embed-dim 32"),
+    )),
+    ("nope", {}, f"--blocks-preset must be one of {', '.join(block_methods())}, got 'nope'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset,flags,message", INVALID, ids=[f"{p}: {m}" for p, _, m in INVALID])
+def test_invalid_settings_fail_at_build_time(tiny, preset, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_tiny(tiny, "roberta_blocks", **flags)
-
-
-@pytest.mark.parametrize("preset", methods_with("inducer"))
-def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
-    """Saved compact after 3 steps, loaded into a fresh model with fairseq's Adam and scheduler
-    state: 3 more steps give the tensors of 6 uninterrupted steps (lambda dropout included)."""
-
-    def build(seed):
-        torch.manual_seed(seed)
-        return build_tiny(tiny, "roberta_blocks", blocks_preset=preset, save_trainable_only=True)
-
-    state = resume_matches_uninterrupted(build, tmp_path / "checkpoint_last.pt")
-    assert not set(state) & build(0).frozen_names()
+        build_tiny(tiny, "roberta_blocks", blocks_preset=preset, **flags)
 
 
 @pytest.mark.slow

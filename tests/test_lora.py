@@ -1,5 +1,6 @@
 """LoRA (Hu et al. 2021; inducer-tuning section 4.5): the update itself, B = 0 leaves the backbone
-unchanged, merging into W gives the same logits, only the LoRA tensors train."""
+unchanged, merging into W gives the same logits, only the LoRA tensors train. The methods come from the
+registry (``blocks_support.methods_with``); what every block gets: tests/test_block_generic.py."""
 
 import math
 import re
@@ -82,11 +83,15 @@ def test_merging_lora_into_w_gives_the_same_logits(tiny, preset):
     assert torch.allclose(logits(model), before, atol=1e-5)
 
 
-def test_bad_lora_settings_fail_at_build_time(tiny):
-    with pytest.raises(ValueError, match=re.escape("--lora-rank must be >= 1 for --blocks-preset lora (got 0)")):
-        build_tiny(tiny, "roberta_blocks", blocks_preset="lora", lora_rank=0)
+@pytest.mark.parametrize("preset", methods_with("lora"))  # --lora-rank 0 / -1: tests/test_block_generic.py
+def test_bad_lora_settings_fail_at_build_time(tiny, preset):
     with pytest.raises(ValueError, match=re.escape("--lora-targets must be q, v or q,v, got 'k'")):
-        build_tiny(tiny, "roberta_blocks", blocks_preset="lora", lora_targets="k")
+        build_tiny(tiny, "roberta_blocks", blocks_preset=preset, lora_targets="k")
+    with pytest.raises(ValueError, match=re.escape("--lora-targets must be q, v or q,v, got 'q,k'")):
+        build_tiny(tiny, "roberta_blocks", blocks_preset=preset, lora_targets="q,k")
+
+
+def test_nothing_to_train_fails_at_build_time(tiny):
     with pytest.raises(ValueError, match=re.escape("nothing to train: give --blocks-preset")):
         build_tiny(tiny, "roberta_blocks")
 

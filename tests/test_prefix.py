@@ -1,6 +1,7 @@
 """Prefix tuning (Li & Liang 2021, He et al. 2021's form): attention over [P_k; K] / [P_v; V], the
 reparameterisation and its per-layer slices, trained through the MLP; training checkpoints keep the
-MLP (resumable), exported ones hold the 2 L l d prefixes."""
+MLP (resumable: tests/test_block_generic.py), exported ones hold the 2 L l d prefixes. The methods come from
+the registry (``blocks_support.methods_with``)."""
 
 import argparse
 import math
@@ -14,7 +15,7 @@ from checkpoint_support import (
     assert_hub_agrees_with_validation,
     fairseq_adam,
     hub,
-    resume_matches_uninterrupted,
+    train_steps,
 )
 from conftest import SHARED, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
@@ -96,24 +97,18 @@ def test_trained_through_the_mlp_saved_with_it_and_exported_without_it(tiny):
 
 
 @pytest.mark.parametrize("preset", methods_with("prefix"))
-def test_compact_checkpoint_resumes_with_its_optimizer_state(tiny, tmp_path, preset):
-    """Saved compact after 3 steps, loaded into a fresh model with fairseq's Adam and scheduler
-    state: 3 more steps give the tensors of 6 uninterrupted steps, bit for bit."""
-
-    def build(seed):
-        torch.manual_seed(seed)
-        return build_tiny(tiny, "roberta_blocks", blocks_preset=preset, save_trainable_only=True)
-
-    state = resume_matches_uninterrupted(build, tmp_path / "checkpoint_last.pt")
-    model = build(0)
+def test_training_checkpoints_keep_the_mlp_and_the_stored_form_does_not_fit_their_optimizer_state(tiny, preset):
+    """A compact checkpoint holds the MLP, so that fairseq's optimizer state fits a resumed run (its resume:
+    tests/test_block_generic.py); the stored form has other trainable tensors: that state does not fit them (why
+    training checkpoints keep the MLP; an exported checkpoint resumes with --reset-optimizer)."""
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset=preset, save_trainable_only=True)
+    optimizer, scheduler = fairseq_adam(model)
+    train_steps(model, optimizer, scheduler, range(1))
+    state = model.state_dict()
     assert "prefix_encoder.output.weight" in state and not set(state) & model.frozen_names()
-
-    # the stored form has other trainable tensors: fairseq's optimizer state does not fit them
-    # (why training checkpoints keep the MLP; an exported checkpoint resumes with --reset-optimizer)
     model.load_state_dict(RobertaBlocksModel.stored_state_dict(state))
-    saved = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)["last_optimizer_state"]
     with pytest.raises(ValueError, match="size of optimizer's group"):
-        fairseq_adam(model)[0].load_state_dict(saved)
+        fairseq_adam(model)[0].load_state_dict(optimizer.state_dict())
 
 
 def test_export_checkpoint_writes_the_stored_form_without_optimizer_state(tiny, tmp_path):
