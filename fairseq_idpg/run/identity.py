@@ -18,7 +18,6 @@ Finished runs keep their folders across changes of what is hashed:
   (``fairseq_idpg/run_config.py``), so its runs keep their folder.
 """
 
-import argparse
 import hashlib
 import json
 from functools import cache
@@ -34,17 +33,11 @@ def settings_before_hashing():
 
 
 def model_settings(method):
-    """The settings the model of ``method`` (a ``fairseq_idpg.methods.Method``) is built with: what its
-    family resolves from the record's options (the preset named there, then the family's defaults), minus
-    the options that change how, not what, it computes (a cache). {} for a stock fairseq model."""
-    family = method.model_class
-    configure = getattr(family, "resolve_settings", None)
-    if configure is None:
-        return {}
-    args = argparse.Namespace(**method.options)
-    configure(args)
-    runtime = getattr(family, "RUNTIME_OPTIONS", ())
-    return {k: v for k, v in sorted(vars(args).items()) if k not in runtime}
+    """The settings the model of ``method`` (a ``fairseq_idpg.methods.Method``) is built with, as its
+    architecture resolves them from the record's options (``model_settings`` of the model class: the preset
+    named there, then the defaults; only what shapes the model). {} for a stock fairseq model."""
+    settings = getattr(method.model_class, "model_settings", None)
+    return settings(method.options) if settings is not None else {}
 
 
 def format_lr(lr):
