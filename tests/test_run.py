@@ -490,7 +490,10 @@ def test_first_run_live_log_results_and_folder(first_run):
     results = json.loads((folder / "results.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     assert results["config"] == config and config["seed"] == 1 and config["updates"] == 6 and config["batch"] == 8
-    assert config["extra_args"] == ["--validate-interval-updates", "3"]
+    # a run option that is also fairseq-train's flag stays where it was given: the folder a run that passed it
+    # through before it became an option was named by (tests/test_run_config.py pins that hash)
+    assert config["extra_args"] == ["--validate-interval-updates", "3"] and "validate_interval_updates" not in config
+    assert folder.name.endswith(main_job.config_hash(config))
     assert results["seed"] == 1 and isinstance(results["score"], float)
     assert all(isinstance(v, (int, float)) for v in results["results"]["valid"].values())
     assert all(isinstance(v, float) for v in results["timings"].values()) and results["timings"]["train"] > 0
