@@ -109,13 +109,15 @@ def load_trained(checkpoint, **overrides):
 
 def assert_compact_and_resumable(save, updates):
     """checkpoint_best.pt and checkpoint_last.pt in ``save`` hold exactly the trained tensors, the
-    method's buffers and the fingerprint; checkpoint_last.pt is at ``updates`` and its optimizer
+    method's persistent buffers (one with ``persistent=False`` is rebuilt from the options: docs/architecture.md,
+    the frozen-buffer rule) and the fingerprint; checkpoint_last.pt is at ``updates`` and its optimizer
     state loads into the optimizer fairseq's trainer builds over the trained tensors on resume."""
     from fairseq import optim
 
     model, cfg, _ = load_trained(save / "checkpoint_last.pt")
     trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    buffers = {n for n, _ in model.named_buffers() if n not in model.backbone_names}
+    parameters = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    buffers = set(model.state_dict(full=True)) - parameters - model.backbone_names  # the persistent ones
     for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
         state = torch.load(save / name, map_location="cpu", weights_only=False)
         assert set(state["model"]) == set(trained) | buffers | {FINGERPRINT_KEY}, f"{name}: not only trained tensors"

@@ -3,13 +3,15 @@ applied as the page says in its own temporary copy of the repository, gives a me
 commands test with the promised result, a regenerated docs/recipes.md, and code that passes ruff; and it
 touches only the files the checklist allows ("Adding a method: the checklist": the block file, its import
 line in its package's ``__init__.py``, the record in ``fairseq_idpg/methods.py``, a ``roberta_prompt``
-method's count formula in tests/test_dpt.py, docs/recipes.md). There is one for every architecture of the
-frozen-backbone records.
+method's count formula in tests/test_dpt.py, a ``roberta_blocks`` block's formula in
+tests/test_block_placement.py, docs/recipes.md). There is one for every architecture of the frozen-backbone
+records; those of ``roberta_prompt`` and ``roberta_blocks`` add a new block.
 
 An example is a section ``### Worked example: TITLE (`ARCH`)`` whose steps are fenced blocks whose first
 line is ``# N. what: PATH`` (a new file is written; an existing one gets the block appended, except a
 block whose ``what`` says "added to the import line": its names join the file's last import line of that
-module), then one ``sh`` block of commands, each run in the copy; a ``# K passed`` comment is the pytest
+module, and one whose ``what`` says "an entry of NAME": its lines go at the end of the dict literal
+``NAME = {...}``), then one ``sh`` block of commands, each run in the copy; a ``# K passed`` comment is the pytest
 result the page promises. When a page and the code drift apart, this fails.
 """
 
@@ -33,10 +35,13 @@ FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.M | re.S)
 STEP = re.compile(r"# (\d+)\. ([^\n]*?)(?:: (\S+))?\n")
 IMPORT = re.compile(r"^from (\S+) import ([\w, ]+?)(\s*#.*)?$", re.M)
 ADD_TO_IMPORT = "added to the import line"
+ADD_TO_DICT = re.compile(r"an entry of (\w+)")
 # what a method may touch (the checklist's table): a new block file in a block package, that package's
-# __init__.py (import lines only), the records, a roberta_prompt method's count formulas, the generated docs
+# __init__.py (import lines only), the records, a roberta_prompt method's count formulas, a roberta_blocks block's
+# independent formula, the generated docs
 BLOCK_PACKAGES = ("fairseq_idpg/blocks", "fairseq_idpg/modules/prompts")
 RECORDS, FORMULAS, GENERATED = "fairseq_idpg/methods.py", "tests/test_dpt.py", "docs/recipes.md"
+PLACEMENT = "tests/test_block_placement.py"  # FORMULAS, the independent formula of every roberta_blocks block
 SCRATCH = ("__pycache__", ".pytest_cache", ".ruff_cache")
 
 
@@ -44,6 +49,7 @@ class Edit(NamedTuple):
     path: str
     code: str
     into_import_line: bool
+    into_dict: str = ""  # the dict literal the code's entries go into, at its end
 
 
 class Example(NamedTuple):
@@ -72,7 +78,9 @@ def parse(title, arch, section):
                 commands.append((command.strip(), promised.group(1) if promised else None))
         else:
             assert step.group(3), f"{title}: step {step.group(1)} names no file"
-            edits.append(Edit(step.group(3), body[step.end() :], ADD_TO_IMPORT in step.group(2)))
+            what, into_dict = step.group(2), ADD_TO_DICT.search(step.group(2))
+            into_dict = into_dict[1] if into_dict else ""
+            edits.append(Edit(step.group(3), body[step.end() :], ADD_TO_IMPORT in what, into_dict))
     assert numbers == list(range(1, len(numbers) + 1)), f"{title}: the steps are numbered {numbers}"
     return Example(title, arch, edits, commands)
 
@@ -107,10 +115,21 @@ def add_to_import_line(text, line):
     return f"{text[: old.start()]}from {old.group(1)} import {', '.join(names)}{old.group(3) or ''}{text[old.end() :]}"
 
 
+def add_to_dict(text, name, entries):
+    """``text`` with ``entries`` (lines of ``key: value,``) at the end of its dict literal ``NAME = {...}``, before
+    the ``}`` that closes it at the start of a line."""
+    start = re.search(rf"^{name} = \{{\n", text, re.M)
+    assert start, f"no dict literal {name} = {{...}}"
+    end = text.index("\n}", start.end()) + 1
+    return text[:end] + entries.rstrip("\n") + "\n" + text[end:]
+
+
 def apply(edits, root):
     for edit in edits:
         file = root / edit.path
-        if edit.into_import_line:
+        if edit.into_dict:
+            file.write_text(add_to_dict(file.read_text(encoding="utf-8"), edit.into_dict, edit.code), encoding="utf-8")
+        elif edit.into_import_line:
             file.write_text(add_to_import_line(file.read_text(encoding="utf-8"), edit.code), encoding="utf-8")
         elif file.exists():
             file.write_text(file.read_text(encoding="utf-8").rstrip("\n") + "\n\n\n" + edit.code, encoding="utf-8")
@@ -129,13 +148,14 @@ def snapshot(root):
 
 def allowed(example):
     """The files ``example`` may touch: its new block file, its package's __init__.py, the records, the count
-    formulas (a roberta_prompt method), the generated docs."""
+    formulas (a roberta_prompt method) or the blocks' formulas (a roberta_blocks method), the generated docs."""
     new = [e.path for e in example.edits if not (REPO / e.path).exists()]
     assert len(new) <= 1 and all(p.rsplit("/", 1)[0] in BLOCK_PACKAGES for p in new), (
         f"{example.title}: new files {new}; a method adds at most its block, in {' or '.join(BLOCK_PACKAGES)}"
     )
     files = {*new, *(p.rsplit("/", 1)[0] + "/__init__.py" for p in new), RECORDS, GENERATED}
-    return files | ({FORMULAS} if example.arch == "roberta_prompt" else set())
+    formulas = {"roberta_prompt": {FORMULAS}, "roberta_blocks": {PLACEMENT}}.get(example.arch, set())
+    return files | formulas
 
 
 def changed_lines(before, after):
@@ -171,6 +191,13 @@ def test_every_architecture_has_a_worked_example_that_parses():
         "fairseq_idpg/modules/prompts/__init__.py",
         RECORDS,
         FORMULAS,
+    ]
+    (blocks,) = [e for e in EXAMPLES.values() if e.arch == "roberta_blocks"]  # a new block, as blocks.md says
+    assert [(e.path, e.into_dict) for e in blocks.edits] == [
+        (f"fairseq_idpg/blocks/{blocks.record}.py", ""),
+        ("fairseq_idpg/blocks/__init__.py", ""),
+        (RECORDS, ""),
+        (PLACEMENT, "FORMULAS"),
     ]
 
 
