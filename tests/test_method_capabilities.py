@@ -33,6 +33,14 @@ BENCHMARK_BLOCKS = ("finetune", "lora", "inducer", "inducer-lora", "mam-inducer"
                     "compacter", "mam-adapter", "bitfit", "ia3")  # fmt: skip
 
 
+def kept(names):
+    """``names`` among the records of the day the lists were kept by hand: a record added since joins the
+    derived lists (as it should) without failing this comparison."""
+    from fairseq_idpg.run.identity import settings_before_hashing
+
+    return [name for name in names if name in settings_before_hashing()]
+
+
 def test_the_derived_lists_are_the_hand_kept_ones():
     import runpy
     from pathlib import Path
@@ -45,12 +53,12 @@ def test_the_derived_lists_are_the_hand_kept_ones():
     assert derived_pairs == PEFT_PAIRS
     assert merge.MERGEABLE == MERGEABLE
     script = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "benchmark_blocks.py"))
-    assert script["DEFAULT_METHODS"] == BENCHMARK_BLOCKS
-    assert methods_where(exports_to=lambda formats: "peft" in formats) == ["lora"]
-    assert methods_where(exports_to=lambda formats: "adapters" in formats) == [
+    assert tuple(kept(script["DEFAULT_METHODS"])) == BENCHMARK_BLOCKS
+    assert kept(methods_where(exports_to=lambda formats: "peft" in formats)) == ["lora"]
+    assert kept(methods_where(exports_to=lambda formats: "adapters" in formats)) == [
         "prefix-tuning", "houlsby-adapter", "compacter", "mam-adapter"
     ]  # fmt: skip
-    assert methods_where(ablation_of="inducer") == ["inducer-adaptive", "inducer-extension", "inducer-gating"]
+    assert kept(methods_where(ablation_of="inducer")) == ["inducer-adaptive", "inducer-extension", "inducer-gating"]
 
 
 def test_every_record_is_in_one_family_with_one_representative():
