@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fairseq_idpg.methods import representatives
+
 SANE_LOSS_BITS = 3.0  # 3 x log2(2 classes): a random 2-class head starts at ~1 bit
 REFERENCE_FACTOR = 1.5  # half precision may exceed the fp32 run's largest loss by half of it, no more
 MIN_SANE_LOSS_SCALE = 1.0  # fairseq's fp16 starts at 2^7 and halves on each overflow
 PRECISION_FLAGS = {"fp32": (), "fp16": ("--fp16",), "bf16": ("--bf16",)}
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli.train's
-# one record per family of fairseq_idpg.methods (issue 22), as the records name it: {family: its representative}
-from fairseq_idpg.methods import representatives  # noqa: E402  (kept beside what it defines)
-
+# one record per family of fairseq_idpg.methods, as the records name it: {family: its representative}
 FAMILIES = representatives()
 # the 1-vs-2-device comparison: IDPG's main method with every dropout off (each worker draws its own masks)
 DISTRIBUTED_METHOD = "m-idpg-phm"
