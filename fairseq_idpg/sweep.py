@@ -77,6 +77,7 @@ from fairseq_idpg.run import (
     quiet,
     warn_missing,
 )
+from fairseq_idpg.run.record import DamagedRecord, read_run_file, read_run_folder
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
@@ -390,7 +391,7 @@ def record_dir(run, records):
 
 def record(run, p, records):
     """Copy the run's results.json to ``records/<budget>/<task>/<label>/<run folder>.json`` with its label."""
-    result = json.loads((p.folder / "results.json").read_text())
+    result = read_run_file(p.folder / "results.json")  # DamagedRecord when half-written
     result.update(label=run.label, budget=run.budget)
     dest = record_dir(run, records) / f"{p.folder.name}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -418,6 +419,34 @@ def recorded(run, p, records):
         if portable_hash(config) in wanted:
             return path
     return None
+
+
+def record_finished(run, p, records, progress, what, seconds=None):
+    """Record a run that has just finished and say so; a damaged results.json: skipped, said in one line."""
+    try:
+        diverged = record(run, p, records).get("diverged")
+    except DamagedRecord as e:
+        progress.update(damaged=1, note=damaged_note(run.name, e))
+        return
+    note = f"diverged at update {diverged['update']}" if diverged else "done"
+    progress.update(finished=1, seconds=seconds, diverged=int(bool(diverged)), note=f"{note} {what}")
+
+
+def damaged_note(name, e):
+    return f"skipped {name}: {e.path} is damaged ({e.why}); move it away and run the sweep again"
+
+
+def damaged_runs(plans):
+    """{run name: DamagedRecord} of the runs whose folder holds a damaged results.json or config.json
+    (a half-written file): skipped by the sweep, neither run nor recorded."""
+    damaged = {}
+    for run, p in plans:
+        try:
+            if p.complete:
+                read_run_folder(p.folder)
+        except DamagedRecord as e:
+            damaged[run.name] = e
+    return damaged
 
 
 class Failures:
@@ -456,10 +485,11 @@ class SweepProgress:
         self.done, self.running, self.failed, self.durations = cached, 0, 0, []
         self.diverged = 0  # of the done: results without a score (a NaN or inf loss), not failures
         self.in_use = 0  # skipped: another process (another sweep, run.sh) holds the run folder and records it
+        self.damaged = 0  # skipped: a damaged results.json or config.json (said when found)
         self.lock = threading.Lock()
 
     def line(self):
-        left = self.total - self.done - self.running - self.failed - self.in_use
+        left = self.total - self.done - self.running - self.failed - self.in_use - self.damaged
         eta = "?"
         if self.durations:
             per_run = sum(self.durations) / len(self.durations)
@@ -469,13 +499,15 @@ class SweepProgress:
             + (f", {self.diverged} diverged" if self.diverged else "")
             + f"), {self.running} running, {self.failed} failed, "
             + (f"{self.in_use} in use elsewhere, " if self.in_use else "")
+            + (f"{self.damaged} damaged, " if self.damaged else "")
             + f"{left} left, eta {eta}"
         )
 
-    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0):
+    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0, damaged=0):
         with self.lock:
-            self.running += started - finished - failed - in_use
+            self.running += started - finished - failed - in_use - damaged
             self.in_use += in_use
+            self.damaged += damaged
             self.done += finished
             self.diverged += diverged
             self.failed += failed
@@ -567,12 +599,7 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         code, seconds, log = outcome
         if code == 0 and p.finished:
             failures.set(run.name, None)
-            diverged = record(run, p, records).get("diverged")
-            note = f"diverged at update {diverged['update']}" if diverged else "done"
-            progress.update(
-                finished=1, seconds=seconds, diverged=int(bool(diverged)),
-                note=f"{note} {run.name} ({format_duration(seconds)})",
-            )  # fmt: skip
+            record_finished(run, p, records, progress, f"{run.name} ({format_duration(seconds)})", seconds)
         elif code == IN_USE_EXIT and not executor.stopping:
             failures.set(run.name, None)
             progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
@@ -675,9 +702,7 @@ def follow(submitted, progress, failures, records, poll=30):
                 progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
             elif exc is None and p.finished:
                 failures.set(run.name, None)
-                diverged = record(run, p, records).get("diverged")
-                note = f"diverged at update {diverged['update']}" if diverged else "done"
-                progress.update(finished=1, diverged=int(bool(diverged)), note=f"{note} {run.name} (job {job.job_id})")
+                record_finished(run, p, records, progress, f"{run.name} (job {job.job_id})")
             else:
                 failures.set(run.name, {"job": job.job_id, "tail": str(exc)[-3000:]})
                 progress.update(failed=1, note=f"FAILED {run.name} (job {job.job_id})")
@@ -774,23 +799,28 @@ def _plan_runs(runs, model, opts):
     return plans
 
 
-def _print_plan(plans, elsewhere, pending):
+def _print_plan(plans, elsewhere, pending, damaged):
     """The dry run's listing: every run with its state, then the counts."""
     for run, p in plans:
-        print(("[finished] " if p.finished else "[recorded] " if run.name in elsewhere else "") + plan_line(run, p))
-    finished = sum(1 for _, p in plans if p.finished)
+        state = "[damaged] " if run.name in damaged else "[finished] " if p.finished else ""
+        print((state or ("[recorded] " if run.name in elsewhere else "")) + plan_line(run, p))
+    finished = sum(1 for r, p in plans if p.finished and r.name not in damaged)
     updates = sum(p.config["updates"] for _, p in plans)
     print(
         f"{len(plans)} runs, {finished} finished, "
         + (f"{len(elsewhere)} recorded elsewhere, " if elsewhere else "")
+        + (f"{len(damaged)} damaged (skipped), " if damaged else "")
         + f"{len(pending)} to run; {updates:,} updates in all"
     )
     if not all(p.complete for _, p in plans):
         print("(<hash>: known once the model file and the prepared data exist)")
 
 
-def _record_earlier(finished, elsewhere, records):
-    """Records of runs finished before (by this or another sweep, or run.sh); those of other checkouts named."""
+def _record_earlier(finished, elsewhere, records, damaged):
+    """Records of runs finished before (by this or another sweep, or run.sh); those of other checkouts named;
+    the runs skipped for a damaged results.json or config.json, one line each."""
+    for run, e in damaged.items():
+        print(damaged_note(run, e), flush=True)
     for run, p in finished:
         record(run, p, records)
     for name, path in elsewhere.items():
@@ -808,13 +838,17 @@ def _outcome(plans, spec, progress, failures, records, sweep_dir):
             f"{progress.in_use} run(s) in use by another process (another sweep or run.sh), skipped: "
             "run this sweep again after it ends to record them"
         )
+    if progress.damaged:
+        print(
+            f"{progress.damaged} run(s) skipped for a damaged results.json or config.json (named above): "
+            "move each file away and run this sweep again"
+        )
     if failed:
         print(f"{len(failed)} run(s) failed (details in {sweep_dir / 'failures.json'}):")
         for name in failed:
             entry = failures.items[name]
             print(f"  {name}: exit {entry.get('exit', '?')}, log {entry.get('log', entry.get('job'))}")
-        return 1
-    return 0
+    return 1 if failed or progress.damaged else 0
 
 
 def sweep(opts):
@@ -832,21 +866,24 @@ def sweep(opts):
     missing = check_runs(spec.runs, spec.model, opts.work_dir, opts.dry_run)
     # every run decided first: data prepared (one folder at a time), folders known, finished ones found
     plans = _plan_runs(spec.runs, spec.model, opts)
-    finished = [(r, p) for r, p in plans if p.finished]
-    elsewhere = {r.name: path for r, p in plans if not p.finished and (path := recorded(r, p, records))}
+    damaged = damaged_runs(plans)  # skipped, said in one line each
+    kept = [(r, p) for r, p in plans if r.name not in damaged]
+    finished = [(r, p) for r, p in kept if p.finished]
+    elsewhere = {r.name: path for r, p in kept if not p.finished and (path := recorded(r, p, records))}
     # seed by seed: an unfinished sweep's table has every cell's first seeds rather than some cells' all
     pending = sorted(
-        ((r, p) for r, p in plans if not p.finished and r.name not in elsewhere), key=lambda item: item[0].seed
+        ((r, p) for r, p in kept if not p.finished and r.name not in elsewhere), key=lambda item: item[0].seed
     )
     if opts.dry_run:
-        _print_plan(plans, elsewhere, pending)
+        _print_plan(plans, elsewhere, pending, damaged)
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
         warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
         return 0
 
-    _record_earlier(finished, elsewhere, records)
+    _record_earlier(finished, elsewhere, records, damaged)
     failures = Failures(sweep_dir / "failures.json")
     progress = SweepProgress(spec.name, len(plans), len(finished) + len(elsewhere), 1)
+    progress.damaged = len(damaged)
     print(progress.line(), flush=True)
     if pending:
         if opts.executor == "local":

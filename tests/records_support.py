@@ -87,3 +87,14 @@ def write_record(root: Path, **fields) -> Path:
     path = folder / "results.json"
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+def write_finished_run(folder: Path, config: dict, **fields) -> Path:
+    """A finished run folder as run.sh leaves it, without training: ``config.json`` (a plan's configuration)
+    and ``results.json`` (``record(**fields)`` with that configuration). Returns the folder."""
+    data = record(lr=config["lr"], seed=config["seed"], **fields)
+    data.update(config=config, run=Path(folder).name, updates=config["updates"])
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (Path(folder) / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    return Path(folder)

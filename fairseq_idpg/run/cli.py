@@ -2,12 +2,15 @@
 plan); a refusal is one line, ``run.sh: error: ...`` (exit 2; 75: the run folder is in use; 130:
 interrupted)."""
 
+import dataclasses
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from fairseq_idpg.errors import RunError
 from fairseq_idpg.run.execution import IN_USE_EXIT, InUse, execute
-from fairseq_idpg.run.planning import check, plan, warn_missing
+from fairseq_idpg.run.planning import check, plan, quiet, warn_missing
 from fairseq_idpg.run_config import RunConfig, method_list
 
 DESCRIPTION = "The main job: prepare a task, train a method on it with fairseq-train, score it with fairseq-validate."
@@ -31,7 +34,10 @@ def main(argv=None):
 
 
 def job(request, argv):
+    read_only = None if request.dry_run else work_dir_refusal(Path(request.work_dir))
     missing = check(request)
+    if read_only and not plan(dataclasses.replace(request, dry_run=True), argv, log=quiet).finished:
+        raise RunError(read_only)  # only a finished run's result can be shown from a read-only folder
     p = plan(request, argv)
     if request.dry_run:
         if not p.complete:
@@ -42,3 +48,21 @@ def job(request, argv):
         warn_missing(missing, "run.sh")
         return 0
     return execute(p)
+
+
+def work_dir_refusal(work_dir):
+    """``--work-dir`` that is not a folder: one line (RunError) before anything is written. One that this
+    user cannot write (nor the nearest existing folder above it, where it is still to be made): the line
+    that refuses any run but a finished one, whose result is only read (returned)."""
+    if work_dir.exists() and not work_dir.is_dir():
+        raise RunError(f"--work-dir {work_dir} is a file, not a folder; give a folder (it is made when missing)")
+    existing = next(d for d in (work_dir, *work_dir.absolute().parents) if d.exists())
+    if not existing.is_dir():
+        raise RunError(f"--work-dir {work_dir}: {existing} is a file, not a folder; give a folder")
+    if not writable(existing):
+        return f"--work-dir {work_dir} is read-only ({existing} cannot be written); give a folder you can write"
+    return None
+
+
+def writable(folder):
+    return os.access(folder, os.W_OK | os.X_OK)

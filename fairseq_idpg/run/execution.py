@@ -3,7 +3,6 @@
 on ``checkpoint_best.pt``, and the record (``record.py``)."""
 
 import contextlib
-import json
 import math
 import re
 import shlex
@@ -16,7 +15,7 @@ from fairseq_idpg.errors import RunError
 from fairseq_idpg.launch import console_script
 from fairseq_idpg.layout import REPO
 from fairseq_idpg.run.processes import Refused, TrainingEta, tee
-from fairseq_idpg.run.record import show_scores, write_record
+from fairseq_idpg.run.record import read_run_file, read_run_folder, show_scores, write_json, write_record
 
 
 def checkpoint_updates(path):
@@ -66,10 +65,26 @@ def run_folder_lock(save):
 
 
 def execute(p):
-    """Train (or resume) and score the planned run; results.json marks it finished."""
+    """Train (or resume) and score the planned run; results.json marks it finished. A finished run's result
+    is read without the lock (a read-only copy of a run shows it); a damaged results.json or config.json is
+    one line (``DamagedRecord``) before anything is written; the lock is taken only to write."""
+    if not p.request.restart:  # --restart removes whatever the folder holds
+        done = read_run_folder(p.folder)
+        if done is not None:
+            return show_cached(p.folder, done)
     new = not p.folder.exists()
     with run_folder_lock(p.folder):
         return execute_locked(p, new)
+
+
+def show_cached(save, done):
+    print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
+    print(f"  (results {save / 'results.json'}; --restart trains it again)")
+    if done.get("diverged"):
+        print(diverged_line(done["diverged"], done["lr"]))
+    else:
+        show_scores(done["results"], done["metric"])
+    return 0
 
 
 def execute_locked(p, new):
@@ -80,17 +95,11 @@ def execute_locked(p, new):
             if child.name != RUN_LOCK:
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
         new = True  # a refused restart leaves nothing behind either
-    if (save / "results.json").is_file():
-        done = json.loads((save / "results.json").read_text())
-        print(f"cached: this configuration finished on {done.get('finished', '?')}; not training it again")
-        print(f"  (results {save / 'results.json'}; --restart trains it again)")
-        if done.get("diverged"):
-            print(diverged_line(done["diverged"], done["lr"]))
-        else:
-            show_scores(done["results"], done["metric"])
-        return 0
+    done = read_run_folder(save)  # again under the lock: another process may have finished it meanwhile
+    if done is not None:
+        return show_cached(save, done)
     trained = trained_before(p)
-    (save / "config.json").write_text(json.dumps(p.config, indent=1) + "\n")
+    write_json(save / "config.json", p.config)
     failure = None
     try:
         if not trained:
@@ -161,7 +170,7 @@ def trained_before(p):
         print(f"training finished earlier ({done_updates} updates in {resume}); scoring it", flush=True)
     else:
         print(f"resuming from {resume} at update {done_updates} of {updates}", flush=True)
-    before = json.loads((save / "config.json").read_text()).get("layout") if (save / "config.json").is_file() else None
+    before = (read_run_file(save / "config.json") or {}).get("layout")
     if before and before != p.config["layout"]:
         print(f"note: device layout {before} -> {p.config['layout']}; the same effective batch, other batch shards")
     return done_updates >= updates

@@ -2,11 +2,13 @@
 timings, the learning curve and the command; and finding the runs of a work folder."""
 
 import json
+import os
 import shlex
 import subprocess
 import time
 from pathlib import Path
 
+from fairseq_idpg.errors import RunError
 from fairseq_idpg.layout import REPO
 
 SHOWN_METRICS = ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")
@@ -50,10 +52,60 @@ def find_runs(work, name, task, method, **match):
     root = Path(work) / "checkpoints" / name / task / method
     found = []
     for config_file in sorted(root.glob("*/config.json"), key=lambda p: p.stat().st_mtime):
-        config = json.loads(config_file.read_text())
+        try:
+            config = read_run_file(config_file)
+        except DamagedRecord:
+            continue  # a half-written config.json: never a match
         if all(config.get(k) == v for k, v in match.items()):
             found.append(config_file.parent)
     return found
+
+
+class DamagedRecord(RunError):
+    """A run folder's results.json or config.json that is not a JSON mapping (a half-written file): its
+    ``path`` and ``why``; said as run.sh's one line."""
+
+    def __init__(self, path, why):
+        super().__init__(
+            f"{path} is damaged ({why}): move it away and the same command resumes the run from its "
+            "checkpoints (or scores them again), or --restart trains it again"
+        )
+        self.path, self.why = path, why
+
+
+REQUIRED = {"results.json": ("results", "metric"), "config.json": ()}
+
+
+def read_run_file(path):
+    """The mapping in a run folder's ``results.json`` or ``config.json``; None when there is none;
+    ``DamagedRecord`` (one line naming the file and what to do) when it is not a JSON mapping."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError) as e:  # a half-written file: truncated JSON
+        raise DamagedRecord(path, f"not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise DamagedRecord(path, f"a JSON {type(data).__name__}, not a mapping")
+    lacking = [key for key in REQUIRED.get(path.name, ()) if key not in data]
+    if lacking:
+        raise DamagedRecord(path, "no " + ", ".join(f'"{k}"' for k in lacking))
+    return data
+
+
+def read_run_folder(folder):
+    """A run folder's finished record (results.json), or None when it has not finished; ``DamagedRecord``
+    when its results.json or config.json is damaged. Reads only: no lock is needed."""
+    read_run_file(Path(folder) / "config.json")
+    return read_run_file(Path(folder) / "results.json")
+
+
+def write_json(path, data):
+    """``data`` as ``path``, written whole or not at all (a temporary file renamed over it)."""
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def write_record(p, results, diverged=None):
@@ -90,7 +142,7 @@ def write_record(p, results, diverged=None):
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": shlex.join(["scripts/run.sh", *p.argv]),
     }
-    (save / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_json(save / "results.json", record)
 
 
 def training_device():
