@@ -25,6 +25,9 @@ import sys
 
 import torch
 
+from fairseq_idpg.errors import ConfigError, one_line_errors, refuse
+from fairseq_idpg.interop.files import check_output_file, read_checkpoint, save_torch
+
 PREFIX = "prompt."
 
 
@@ -86,26 +89,46 @@ def max_logit_difference(original, exported, batch=8, length=32, seed=0):
     return (a - b).abs().max().item(), a.abs().max().item()
 
 
+def read_and_check(args, out):
+    """The checkpoint (one line when damaged or not a checkpoint), after checking where the outputs go."""
+    if not os.path.isfile(args.checkpoint):
+        raise ConfigError(f"{args.checkpoint}: no such file")
+    check_output_file(out, [args.checkpoint], args.overwrite)
+    if args.matrix:
+        if os.path.abspath(args.matrix) == os.path.abspath(out):
+            raise ConfigError(f"--matrix {args.matrix}: the file --out writes; give another file")
+        check_output_file(args.matrix, [args.checkpoint], args.overwrite)
+    state = read_checkpoint(args.checkpoint, "a roberta_prompt checkpoint written by fairseq-train")
+    backbone = getattr(_model_args(state), "backbone", None)
+    for path in filter(None, (out, args.matrix)):
+        check_output_file(path, [args.checkpoint, backbone], args.overwrite)
+    return state
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = one_line_errors(argparse.ArgumentParser(prog="export_dpt_prompt.py", description=__doc__.split("\n\n")[0]))
     parser.add_argument("checkpoint", help="a roberta_prompt checkpoint (checkpoint_best.pt)")
     parser.add_argument("--out", help="exported checkpoint (default: <checkpoint>_exported.pt beside it)")
     parser.add_argument("--matrix", help="also write P alone here (torch.save of the [l, d] / [L, l, d] tensor)")
     parser.add_argument("--check", action="store_true", help="compare the logits of both checkpoints on random inputs")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace --out / --matrix if they exist (never the checkpoint read)"
+    )
     args = parser.parse_args(argv)
 
     out = args.out or os.path.splitext(args.checkpoint)[0] + "_exported.pt"
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     try:
+        state = read_and_check(args, out)
         exported, P = export_state(state)
+    except ConfigError as e:
+        return refuse(parser.prog, e)
     except ValueError as e:
-        print(f"export_dpt_prompt.py: error: {args.checkpoint}: {e}", file=sys.stderr)
-        return 2
+        return refuse(parser.prog, f"{args.checkpoint}: {e}")
     source = _model_args(state).prompt_matrix
-    torch.save(exported, out)
+    save_torch(exported, out)
     print(f"{args.checkpoint}: {source} prompt -> P {list(P.shape)} ({P.numel():,} values, {P.dtype}) in {out}")
     if args.matrix:
-        torch.save(P, args.matrix)
+        save_torch(P, args.matrix)
         print(f"P written to {args.matrix}")
     if args.check:
         diff, scale = max_logit_difference(args.checkpoint, out)

@@ -44,12 +44,19 @@ def main(argv=None):
     parser.add_argument(
         "--base-model", metavar="NAME", help="RoBERTa only: the Hugging Face model to name instead of OUT/base_model"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into OUT although it has files (those of the same names replaced)",
+    )
     args = parser.parse_args(argv)
     if args.name is not None and (not args.name or "." in args.name):
         parser.error(f"--name {args.name!r}: an adapters name is a module name (no dots, not empty)")
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
-        parser.error(f"{args.out}: exists and is not an empty folder")
     try:
+        from fairseq_idpg.interop.files import check_output_folder
+        from fairseq_idpg.interop.trained import checkpoint_file
+
+        check_output_folder(args.out, [checkpoint_file(args.run), args.backbone], args.overwrite)
         return export(args)
     except ConfigError as e:
         return refuse(parser.prog, e)
@@ -59,27 +66,32 @@ def export(args):
     import torch
 
     from fairseq_idpg.interop import adapters_format, peft_format
+    from fairseq_idpg.interop.files import check_output_folder, staged_folder
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
-    from fairseq_idpg.interop.trained import load_trained
+    from fairseq_idpg.interop.trained import checkpoint_file, load_trained
 
     torch.set_num_threads(min(torch.get_num_threads(), 4))
     run = load_trained(args.run, args.backbone)
+    check_output_folder(args.out, [checkpoint_file(args.run), run.backbone], args.overwrite)
     if args.format == "adapters":
         adapters_format.export_plan(run)  # before anything is written
     else:
         peft_format.check_exportable(run)
-    hf = hf_backbone_for(run.backbone)
-    if hf.model_type == "roberta":
-        base = args.base_model or os.path.join(os.path.abspath(args.out), "base_model")
-        hf = hf_backbone_for(run.backbone, None if args.base_model else base)._replace(path=base)
-    if args.format == "adapters":
-        name = args.name or peft_format.describe(run.options)
-        config = adapters_format.export_adapters(run, hf, args.out, hf.path, name)
-        kind = config.get("architecture") or ("Compacter" if config.get("phm_layer") else "bottleneck adapter")
-        print(f"wrote {args.out}: adapters {kind} {name!r} for {hf.path} ({hf.model_type})")
-        return 0
-    config = peft_format.export_peft(run, hf, args.out, hf.path)
-    print(f"wrote {args.out}: PEFT {config['peft_type']} for {hf.path} ({hf.model_type})")
+    with staged_folder(args.out) as stage:  # made whole beside OUT, then renamed into place
+        hf = hf_backbone_for(run.backbone)
+        if hf.model_type == "roberta":
+            base = args.base_model or os.path.join(os.path.abspath(args.out), "base_model")
+            written = None if args.base_model else os.path.join(stage, "base_model")
+            hf = hf_backbone_for(run.backbone, written)._replace(path=base)
+        if args.format == "adapters":
+            name = args.name or peft_format.describe(run.options)
+            config = adapters_format.export_adapters(run, hf, stage, hf.path, name)
+            kind = config.get("architecture") or ("Compacter" if config.get("phm_layer") else "bottleneck adapter")
+            said = f"adapters {kind} {name!r}"
+        else:
+            config = peft_format.export_peft(run, hf, stage, hf.path)
+            said = f"PEFT {config['peft_type']}"
+    print(f"wrote {args.out}: {said} for {hf.path} ({hf.model_type})")
     return 0
 
 

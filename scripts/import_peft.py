@@ -27,13 +27,28 @@ def main(argv=None):
     parser.add_argument("out", metavar="OUT", help="the checkpoint to write")
     parser.add_argument("--backbone", metavar="PATH", required=True, help="our fairseq backbone (model.pt)")
     parser.add_argument("--data", metavar="DIR", required=True, help="the prepared task folder (data-bin/...)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUT if it exists (never a file this reads), atomically"
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         parser.error(f"{args.out}: its folder does not exist")
     try:
+        from fairseq_idpg.interop.files import check_output_file
+
+        check_output_file(args.out, inputs(args), args.overwrite)
         return run(args)
     except ConfigError as e:
         return refuse(parser.prog, e)
+
+
+def inputs(args):
+    """The files this reads: the adapter's, the backbone, the data's."""
+    files = [args.backbone]
+    for folder in (args.adapter, args.data):
+        for root, _, names in os.walk(folder):
+            files += [os.path.join(root, name) for name in names]
+    return files
 
 
 def run(args):

@@ -17,14 +17,22 @@ def main(argv=None):
     parser.add_argument("run", metavar="RUN_FOLDER", help="a run folder (its checkpoint_best.pt) or a checkpoint")
     parser.add_argument("out", metavar="OUT", help="the checkpoint to write (its folder must exist)")
     parser.add_argument("--backbone", metavar="PATH", help="where the run's backbone is now (default: as recorded)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUT if it exists (never a file this reads), atomically"
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         parser.error(f"{args.out}: its folder does not exist")
     try:
+        from fairseq_idpg.interop.files import check_output_file
         from fairseq_idpg.interop.merge import merged_checkpoint
-        from fairseq_idpg.interop.trained import load_trained
+        from fairseq_idpg.interop.trained import checkpoint_file, load_trained
 
-        values = merged_checkpoint(load_trained(args.run, args.backbone), args.out)
+        checkpoint = checkpoint_file(args.run)
+        check_output_file(args.out, [checkpoint, args.backbone], args.overwrite)  # before anything is read
+        run = load_trained(args.run, args.backbone)
+        check_output_file(args.out, [checkpoint, run.backbone], args.overwrite)
+        values = merged_checkpoint(run, args.out)
     except ConfigError as e:
         return refuse(parser.prog, e)
     print(f"wrote {args.out}: a plain roberta checkpoint, {values:,} values")

@@ -47,12 +47,12 @@ prediction head that is not dense -> tanh -> out_proj on the first token. Traini
 (initialisation, where dropout sits) are documented in docs/using.md, not refused: the function is exact.
 """
 
-import json
 import os
 
 import torch
 
 from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.interop.files import read_json, read_tensors, save_torch, write_json
 from fairseq_idpg.interop.peft_format import HEAD_KEY, NotExpressible, active_blocks, describe
 
 CONFIG, WEIGHTS = "adapter_config.json", "pytorch_adapter.bin"
@@ -238,11 +238,10 @@ def export_adapters(run, hf, out_dir, base_model, name):
         tensors.update(prefix_tensors(prefix, hf, name))
     head_config, head = head_files(run, hf, name, base_model)
     os.makedirs(out_dir, exist_ok=True)
-    torch.save(tensors, os.path.join(out_dir, WEIGHTS))
-    torch.save(head, os.path.join(out_dir, HEAD_WEIGHTS))
+    save_torch(tensors, os.path.join(out_dir, WEIGHTS))
+    save_torch(head, os.path.join(out_dir, HEAD_WEIGHTS))
     for file, content in ((CONFIG, module_file(config, hf, name, base_model, dim)), (HEAD_CONFIG, head_config)):
-        with open(os.path.join(out_dir, file), "w") as f:
-            json.dump(content, f, indent=2)
+        write_json(content, os.path.join(out_dir, file), indent=2)
     return config
 
 
@@ -254,22 +253,21 @@ def is_adapters_folder(folder):
 
 def read_adapters(folder):
     """(adapter_config.json, adapter tensors, head_config.json or None, head tensors or None) of ``folder``."""
-    from safetensors.torch import load_file
 
     def weights(*names):
         for file in names:
             path = os.path.join(folder, file)
             if os.path.isfile(path):
-                return load_file(path) if file.endswith(".safetensors") else torch.load(path, weights_only=True)
+                return read_tensors(path, "the adapter folder")
         return None
 
     if not os.path.isfile(os.path.join(folder, CONFIG)) or not is_adapters_folder(folder):
         raise ConfigError(f"{folder}: not an adapters folder (needs {CONFIG} and {WEIGHTS} or {SAFE_WEIGHTS})")
-    config = json.load(open(os.path.join(folder, CONFIG)))
-    if "config" not in config or "name" not in config:
+    config = read_json(os.path.join(folder, CONFIG), "the adapter folder")
+    if not isinstance(config, dict) or "config" not in config or "name" not in config:
         raise ConfigError(f"{folder}: {CONFIG} is not one adapters' save_adapter writes (no config / name)")
     head_file = os.path.join(folder, HEAD_CONFIG)
-    head_config = json.load(open(head_file)) if os.path.isfile(head_file) else None
+    head_config = read_json(head_file, "the adapter folder") if os.path.isfile(head_file) else None
     return config, weights(WEIGHTS, SAFE_WEIGHTS), head_config, weights(HEAD_WEIGHTS, "model_head.safetensors")
 
 

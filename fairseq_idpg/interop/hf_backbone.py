@@ -150,14 +150,13 @@ def hf_roberta_weights(weights, num_layers, prefix="roberta."):
 def write_hf_roberta(state, out_dir):
     """Write ``out_dir``/config.json and model.safetensors: the fairseq RoBERTa checkpoint ``state`` as
     transformers' ``RobertaModel`` (no LM head: an adapter needs the encoder only)."""
-    from safetensors.torch import save_file
+    from fairseq_idpg.interop.files import save_safetensors, write_json
 
     options, weights = model_cfg(state), state["model"]
     vocab, positions = (weights[ENCODER + f"{name}.weight"].shape[0] for name in ("embed_tokens", "embed_positions"))
     config = hf_roberta_config(options, vocab, positions)
     os.makedirs(out_dir, exist_ok=True)
     tensors = hf_roberta_weights(weights, options["encoder_layers"], prefix="")
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"))
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
+    save_safetensors(tensors, os.path.join(out_dir, "model.safetensors"))  # atomically
+    write_json(config, os.path.join(out_dir, "config.json"))
     return out_dir

@@ -60,9 +60,9 @@ def plain_cfg(cfg):
 
 def merged_checkpoint(run, out_file):
     """Write the merged model of ``run`` as a plain fairseq ``roberta`` checkpoint; returns its values."""
-    import torch
+    from fairseq_idpg.interop.files import save_torch
 
     weights = merged_model(run)
     state = dict(run.state, model=weights, cfg=plain_cfg(run.state["cfg"]), last_optimizer_state=None)
-    torch.save(state, out_file)
+    save_torch(state, out_file)
     return sum(v.numel() for v in weights.values())

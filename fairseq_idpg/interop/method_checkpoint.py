@@ -63,9 +63,8 @@ def save_imported(model, cfg, out_file, source):
     its tensors came from (kept as ``imported_from``)."""
     import os
 
-    import torch
-
     from fairseq_idpg.conversion.weights import checkpoint_state
+    from fairseq_idpg.interop.files import save_torch
 
     # the layout of a never-trained checkpoint; the model state is compact (every method saves trainable only)
     state = checkpoint_state(cfg, model, cfg.task.data)
@@ -73,5 +72,5 @@ def save_imported(model, cfg, out_file, source):
     state["last_optimizer_state"] = None
     state["imported_from"] = source
     os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
-    torch.save(state, out_file)
+    save_torch(state, out_file)  # atomically
     return out_file

@@ -23,7 +23,6 @@ Everything refused raises ``NotExpressible`` (a ConfigError: one line, exit stat
 before anything is written.
 """
 
-import json
 import os
 
 from fairseq_idpg.errors import ConfigError
@@ -123,7 +122,7 @@ def lora_tensors(run, hf):
 def export_peft(run, hf, out_dir, base_model):
     """Write ``run`` (a ``trained.TrainedRun``) as a PEFT folder for the Hugging Face model ``hf``
     (``hf_backbone.HFBackbone``) named ``base_model`` in its config; returns the config."""
-    from safetensors.torch import save_file
+    from fairseq_idpg.interop.files import save_safetensors, write_json
 
     check_exportable(run)
     rank, alpha, dropout, targets = lora_settings(run.model)
@@ -145,23 +144,24 @@ def export_peft(run, hf, out_dir, base_model):
     }
     tensors = {**lora_tensors(run, hf), **head_tensors(run, hf)}
     os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(out_dir, CONFIG), "w") as f:
-        json.dump(config, f, indent=1)
+    save_safetensors(tensors, os.path.join(out_dir, WEIGHTS), metadata={"format": "pt"})
+    write_json(config, os.path.join(out_dir, CONFIG))
     return config
 
 
 # ---------------------------------------------------------------------------------------------- import
 def read_peft(folder):
-    """(config, tensors) of a PEFT adapter folder; one line when it is not one."""
-    from safetensors.torch import load_file
+    """(config, tensors) of a PEFT adapter folder; one line when it is not one, or a file of it is damaged."""
+    from fairseq_idpg.interop.files import read_json, read_tensors
 
     config_file, weights_file = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
     for path in (config_file, weights_file):
         if not os.path.isfile(path):
             raise ConfigError(f"{folder}: not a PEFT adapter folder (no {os.path.basename(path)})")
-    with open(config_file) as f:
-        return json.load(f), load_file(weights_file)
+    config = read_json(config_file, "the adapter folder")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_file}: not a PEFT adapter config (a JSON object); copy the adapter folder again")
+    return config, read_tensors(weights_file, "the adapter folder")
 
 
 def lora_import_settings(config, folder):

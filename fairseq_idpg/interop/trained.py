@@ -75,12 +75,11 @@ def build_from_options(options, backbone):
 
 def load_trained(run, backbone=None):
     """The trained model of ``run`` (a run folder or checkpoint), in eval mode; see the module docstring."""
-    import torch
-
+    from fairseq_idpg.interop.files import read_checkpoint
     from fairseq_idpg.interop.hf_backbone import model_cfg
 
     file = checkpoint_file(run)
-    state = torch.load(file, map_location="cpu", weights_only=False)
+    state = read_checkpoint(file)
     options = model_cfg(state)
     backbone = str(backbone or options.get("backbone") or "")
     if not backbone:

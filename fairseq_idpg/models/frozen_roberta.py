@@ -87,12 +87,15 @@ def export_checkpoint(src, dst):
     their stored form (the model class's ``stored_state_dict``: prefix tuning's prefixes instead of
     its MLP), the backbone fingerprint, the cfg (and so the backbone's path); no optimizer state, so
     fairseq-validate and ``from_pretrained`` load it, and training on from it needs
-    ``--reset-optimizer``. Returns the number of values in its model state."""
+    ``--reset-optimizer``. Returns the number of values in its model state. ``dst`` is written atomically and
+    is never ``src`` (nor the backbone); a damaged or wrong ``src`` is one line (``interop.files``)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import fairseq_idpg  # noqa: F401  (registers the architectures)
+    from fairseq_idpg.interop.files import check_output_file, read_checkpoint, save_torch
 
-    state = torch.load(src, map_location="cpu", weights_only=False)
+    check_output_file(dst, [src], overwrite=True)  # never over its input
+    state = read_checkpoint(src)
     cfg = state.get("cfg")
     model_cfg = cfg["model"] if cfg is not None else state["args"]
     get = model_cfg.get if hasattr(model_cfg, "get") else vars(model_cfg).get  # dict or Namespace
@@ -101,7 +104,8 @@ def export_checkpoint(src, dst):
     if stored is not None:
         state["model"] = stored(state["model"])
     state["last_optimizer_state"] = None
-    torch.save(state, dst)
+    check_output_file(dst, [src, get("backbone")], overwrite=True)
+    save_torch(state, dst)
     return sum(v.numel() for k, v in state["model"].items() if k != FINGERPRINT_KEY)
 
 

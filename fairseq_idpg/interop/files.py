@@ -1,0 +1,191 @@
+"""What the tools read and where they write (scripts/merge_lora.py, import_peft.py, export_checkpoint.py,
+export_peft.py, export_dpt_prompt.py; docs/using.md, "Where the tools write").
+
+- A tool never writes over a file it reads (the checkpoint, the backbone, the adapter's files), even with
+  ``--overwrite``; an existing output, or a new file in another run's folder (one with config.json or
+  results.json), only with ``--overwrite`` (``check_output_file``, ``check_output_folder``).
+- Every file is written under a temporary name beside it and renamed into place when complete
+  (``conversion.atomic``); a folder is made whole beside its place and renamed into it (``staged_folder``),
+  so a failure leaves nothing half-written.
+- A damaged or wrong input (a truncated checkpoint, a file that is not a fairseq checkpoint, a truncated
+  JSON or safetensors file) is one line naming the file and what to do (``read_checkpoint``, ``read_json``,
+  ``read_tensors``), a ConfigError like every other refusal.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+from fairseq_idpg.conversion.atomic import atomic_path
+from fairseq_idpg.errors import ConfigError
+
+RUN_FILES = ("config.json", "results.json")  # what makes a folder a run folder of run.sh
+TRAINED = "a checkpoint written by fairseq-train (a run's checkpoint_best.pt)"
+
+
+def _real(path):
+    return os.path.realpath(os.path.abspath(str(path)))
+
+
+def _inside(path, folder):
+    """Whether ``path`` is ``folder`` or lies in it."""
+    path, folder = _real(path), _real(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def run_folder(folder):
+    """Whether ``folder`` is a run folder (config.json or results.json in it)."""
+    return any(os.path.isfile(os.path.join(folder, name)) for name in RUN_FILES)
+
+
+def check_output_file(out, inputs=(), overwrite=False):
+    """One line (a ConfigError) unless the file ``out`` may be written: never one of ``inputs`` (the files the
+    tool reads); its folder exists; an existing file, or a new one in another run's folder, only with
+    ``overwrite``."""
+    out = str(out)
+    for source in filter(None, inputs):
+        if os.path.exists(source) and _real(out) == _real(source):
+            raise ConfigError(
+                f"{out}: is a file this command reads; it never writes over its input, even with --overwrite: "
+                f"give another output file"
+            )
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{out}: its folder does not exist")
+    if os.path.isdir(out):
+        raise ConfigError(f"{out}: is a folder; give the file to write, e.g. {os.path.join(out, 'model.pt')}")
+    if overwrite:
+        return
+    if os.path.exists(out):
+        raise ConfigError(f"{out}: exists; give --overwrite to replace it, or another output file")
+    if run_folder(folder) and not any(_inside(source, folder) for source in filter(None, inputs)):
+        raise ConfigError(
+            f"{out}: {folder} is another run's folder; write outside it, or give --overwrite to write there"
+        )
+
+
+def check_output_folder(out, inputs=(), overwrite=False):
+    """One line unless the folder ``out`` may be written: it holds none of ``inputs`` (nor is one); it is new or
+    empty, or ``overwrite`` (its files of the same names are then replaced)."""
+    out = str(out)
+    for source in filter(None, inputs):
+        if os.path.exists(source) and (_inside(source, out) or _real(source) == _real(out)):
+            raise ConfigError(
+                f"{out}: holds {source}, which this command reads; it never writes there, even with --overwrite: "
+                f"give a new folder"
+            )
+    if not os.path.exists(out) or overwrite and os.path.isdir(out):
+        return
+    if not os.path.isdir(out) or os.listdir(out):
+        raise ConfigError(f"{out}: exists and is not an empty folder; give a new folder, or --overwrite to replace it")
+
+
+def _put(source, target):
+    """Move ``source`` (a file or a folder) onto ``target``, replacing it; a folder replaced whole."""
+    if os.path.isdir(source) and os.path.isdir(target):
+        aside = tempfile.mkdtemp(
+            prefix="." + os.path.basename(target) + ".", suffix=".old", dir=os.path.dirname(target)
+        )
+        os.replace(target, os.path.join(aside, "old"))
+        os.replace(source, target)
+        shutil.rmtree(aside)
+    elif os.path.isdir(target):
+        shutil.rmtree(target)
+        os.replace(source, target)
+    else:
+        os.replace(source, target)
+
+
+@contextmanager
+def staged_folder(out):
+    """Yield a new folder beside ``out`` to write into; when the block succeeds it becomes ``out`` (a new or
+    empty ``out``: renamed; an existing one: each of its entries replaced), else it is removed."""
+    out = os.path.abspath(str(out))
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix="." + os.path.basename(out) + ".", suffix=".tmp", dir=parent)
+    try:
+        yield stage
+        if os.path.isdir(out) and not os.listdir(out):
+            os.rmdir(out)
+        if not os.path.exists(out):
+            os.chmod(stage, 0o777 & ~_umask())
+            os.replace(stage, out)
+        else:
+            for name in sorted(os.listdir(stage)):
+                _put(os.path.join(stage, name), os.path.join(out, name))
+    finally:
+        if os.path.exists(stage):
+            shutil.rmtree(stage)
+
+
+def _umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def save_torch(obj, path):
+    """``torch.save`` of ``obj`` to ``path``, atomically."""
+    import torch
+
+    with atomic_path(str(path)) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
+def write_json(obj, path, indent=1):
+    with atomic_path(str(path)) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=indent)
+
+
+def save_safetensors(tensors, path, metadata=None):
+    from safetensors.torch import save_file
+
+    with atomic_path(str(path)) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def read_checkpoint(path, what=TRAINED, **load):
+    """The fairseq checkpoint at ``path`` (a dict with ``model`` and ``cfg`` or ``args``); one line naming it
+    when it cannot be read (truncated or damaged) or is not a fairseq checkpoint."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, **load)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
+        raise ConfigError(f"{path}: cannot be read (truncated or damaged); give {what}, or copy it again") from e
+    if not isinstance(state, dict) or "model" not in state or not (state.get("cfg") or state.get("args")):
+        raise ConfigError(f"{path}: not a fairseq checkpoint (no model and cfg in it); give {what}")
+    return state
+
+
+def read_json(path, what="the folder"):
+    """The JSON file ``path``; one line naming it when it is truncated or not JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON (truncated or damaged); copy {what} again") from e
+
+
+def read_tensors(path, what="the folder"):
+    """The tensors of a safetensors file or a ``torch.save`` of tensors; one line naming it when damaged."""
+    import pickle
+    import zipfile
+
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if str(path).endswith(".safetensors"):
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+        raise ConfigError(f"{path}: cannot be read (truncated or damaged); copy {what} again") from e
