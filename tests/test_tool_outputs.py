@@ -214,3 +214,48 @@ def test_export_dpt_prompt_never_writes_over_its_input(runs, capsys, tmp_path):
     )
     refused(capsys, "export_dpt_prompt", [broken, "--out", tmp_path / "p.pt"], line, broken)
     assert not (tmp_path / "p.pt").exists() and not leftovers(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- damaged and full
+def test_a_peft_config_without_a_rank_is_one_line(runs, capsys, tiny, tmp_path):
+    data, _, _, adapter, _ = runs
+    damaged = tmp_path / "adapter"
+    shutil.copytree(adapter, damaged)
+    config = damaged / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "r": "eight"}))
+    line = f"{config}: not a PEFT LoRA config (a JSON object with a positive integer r); copy the adapter folder again"
+    refused(
+        capsys, "import_peft", [damaged, tmp_path / "x.pt", "--backbone", tiny.model_file, "--data", data], line, config
+    )
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("file", ["adapter_config.json", "pytorch_adapter.bin", "head_config.json"])
+def test_import_of_a_damaged_adapters_folder_is_one_line(runs, capsys, tiny, tmp_path, file):
+    data, _, _, _, _ = runs
+    run = trained_checkpoint(tmp_path, "houlsby-adapter", tiny.model_file, data)
+    adapter = tmp_path / "adapters"
+    assert script("export_peft")([str(run), str(adapter), "--format", "adapters"]) == 0
+    truncated(adapter / file, tmp_path / file)
+    shutil.move(tmp_path / file, adapter / file)
+    why = "not valid JSON" if file.endswith(".json") else "cannot be read"
+    line = f"{adapter / file}: {why} (truncated or damaged); copy the adapter folder again"
+    out = tmp_path / "x.pt"
+    refused(capsys, "import_peft", [adapter, out, "--backbone", tiny.model_file, "--data", data], line, adapter / file)
+    assert not out.exists()
+
+
+def test_a_failed_write_is_one_line_and_leaves_no_temporary_file(runs, capsys, tmp_path, monkeypatch):
+    """A full disk mid-write (torch's writer says it as a RuntimeError): one line; the old file stays as it was."""
+    _, run, _, _, _ = runs
+    out = tmp_path / "merged.pt"
+    out.write_text("old")
+
+    def full_disk(obj, f):
+        f.write(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 40704 vs 598")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    line = f"{out}: could not be written (the write failed); free some space or write elsewhere"
+    refused(capsys, "merge_lora", [run, out, "--overwrite"], line, out, run / "checkpoint_best.pt")
+    assert out.read_text() == "old"

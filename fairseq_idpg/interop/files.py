@@ -12,6 +12,7 @@ export_peft.py, export_dpt_prompt.py; docs/using.md, "Where the tools write").
   ``read_tensors``), a ConfigError like every other refusal.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -127,23 +128,38 @@ def _umask():
     return umask
 
 
+@contextmanager
+def writing(path):
+    """Yield a temporary path beside ``path`` that replaces it when the block succeeds (``atomic_path``); a
+    failed write (a full disk, a read-only folder) is one line naming ``path``, the temporary file removed."""
+    try:
+        with atomic_path(str(path)) as tmp:
+            yield tmp
+    except OSError as e:
+        why = e.strerror or "the write failed"
+        raise ConfigError(f"{path}: could not be written ({why}); free some space or write elsewhere") from e
+
+
 def save_torch(obj, path):
     """``torch.save`` of ``obj`` to ``path``, atomically."""
     import torch
 
-    with atomic_path(str(path)) as tmp, open(tmp, "wb") as f:
-        torch.save(obj, f)
+    with writing(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:  # torch's zip writer says a failed write (a full disk) so
+            raise OSError(errno.EIO, "the write failed") from e
 
 
 def write_json(obj, path, indent=1):
-    with atomic_path(str(path)) as tmp, open(tmp, "w") as f:
+    with writing(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f, indent=indent)
 
 
 def save_safetensors(tensors, path, metadata=None):
     from safetensors.torch import save_file
 
-    with atomic_path(str(path)) as tmp:
+    with writing(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
 
 
@@ -187,5 +203,13 @@ def read_tensors(path, what="the folder"):
         if str(path).endswith(".safetensors"):
             return load_file(path)
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+    except (
+        SafetensorError,
+        RuntimeError,
+        EOFError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        ValueError,
+        OSError,
+    ) as e:
         raise ConfigError(f"{path}: cannot be read (truncated or damaged); copy {what} again") from e

@@ -159,9 +159,16 @@ def read_peft(folder):
         if not os.path.isfile(path):
             raise ConfigError(f"{folder}: not a PEFT adapter folder (no {os.path.basename(path)})")
     config = read_json(config_file, "the adapter folder")
-    if not isinstance(config, dict):
-        raise ConfigError(f"{config_file}: not a PEFT adapter config (a JSON object); copy the adapter folder again")
+    if not isinstance(config, dict) or config.get("peft_type") == "LORA" and not valid_rank(config.get("r")):
+        raise ConfigError(
+            f"{config_file}: not a PEFT LoRA config (a JSON object with a positive integer r); "
+            f"copy the adapter folder again"
+        )
     return config, read_tensors(weights_file, "the adapter folder")
+
+
+def valid_rank(r):
+    return isinstance(r, int) and not isinstance(r, bool) and r >= 1
 
 
 def lora_import_settings(config, folder):
