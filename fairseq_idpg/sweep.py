@@ -77,6 +77,7 @@ from fairseq_idpg.run import (
     quiet,
     warn_missing,
 )
+from fairseq_idpg.run.processes import child_process_options
 from fairseq_idpg.run.record import DamagedRecord, read_run_file, read_run_folder
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
@@ -560,7 +561,9 @@ class LocalExecutor:
                 f.flush()
                 env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
                 start = time.time()
-                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+                proc = subprocess.Popen(
+                    argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, **child_process_options()
+                )
                 with self.lock:
                     self.procs.add(proc)
                 code = proc.wait()

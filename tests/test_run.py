@@ -744,3 +744,50 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
         main_job.execute(plan)  # --restart emptied the folder (its lock kept) and trained it
     assert trained == [folder] and json.loads((folder / "config.json").read_text()) == plan.config
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "config.json"]
+
+
+def children(pid):
+    """The processes ``pid`` started (Linux: /proc/PID/task/*/children)."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").glob("*") for c in (task / "children").read_text().split()]
+
+
+def alive(pid):
+    """A process that still runs (a killed one whose parent is gone may stay a zombie until reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_a_killed_run_sh_takes_its_trainer_with_it(shared_data, standin_model, tmp_path):
+    """kill -9 of run.sh's python process alone (not its group) while fairseq-train trains: the trainer gets
+    SIGTERM from the kernel (its parent died) and is gone within seconds, so no trainer writes the folder
+    unsupervised; the same command then resumes and finishes. 200 updates (about 30 s on 2 cores): a
+    trainer left alone would still train 10 s later."""
+    raw = write_slice(tmp_path / "raw", shared_data / "glue" / "SST-2", {"train.tsv": 64, "dev.tsv": 16})
+    longer = ["--max-update", "200", "--validate-interval-updates", "100"]
+    proc = start(tmp_path, raw, *longer, log=tmp_path / "killed.out")
+    deadline, trainers = time.time() + 300, []
+    while proc.poll() is None and time.time() < deadline:
+        logs = list((tmp_path / "checkpoints").glob("standin/SST-2/lora/*/train.log"))
+        if logs and TrainingEta.UPDATES.search(logs[0].read_text()):
+            trainers = children(proc.pid)  # run.sh execs python: its child is fairseq-train
+            break
+        time.sleep(0.2)
+    assert trainers, (tmp_path / "killed.out").read_text()[-3000:]
+    try:
+        os.kill(proc.pid, signal.SIGKILL)  # the python process only: the trainer is in its group, not killed
+        proc.wait()
+        gone_by = time.time() + 10
+        while any(map(alive, trainers)) and time.time() < gone_by:
+            time.sleep(0.1)
+        assert not any(map(alive, trainers)), [Path(f"/proc/{t}/cmdline").read_text() for t in trainers]
+    finally:
+        for t in filter(alive, trainers):
+            os.kill(t, signal.SIGKILL)
+    finish(start(tmp_path, raw, *longer, log=tmp_path / "resumed.out"), tmp_path / "resumed.out")
+    (folder,) = main_job.find_runs(tmp_path, "standin", "SST-2", "lora")
+    _, state = trained(folder)
+    assert state["optimizer_history"][-1]["num_updates"] == 200 and (folder / "results.json").is_file()

@@ -1,6 +1,8 @@
 """The commands a run starts (prepare_data.py, fairseq-train, fairseq-validate): their output to the
 terminal and a log, line by line, with the time left; a command's one-line refusal said once."""
 
+import ctypes
+import ctypes.util
 import os
 import re
 import shlex
@@ -17,6 +19,42 @@ ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: 
 
 class Refused(RunError):
     """A command run.sh ran refused its input in one line (exit status 2): run.sh says it again, once."""
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _prctl():
+    """libc's prctl (Linux), loaded in the parent: the child between fork and exec only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
+    return prctl
+
+
+_PRCTL = _prctl()
+
+
+def child_process_options():
+    """Popen's keyword arguments that end the child with its launcher: on Linux the child asks for SIGTERM
+    when its parent dies (a ``kill -9`` of run.sh or of a sweep leaves no fairseq-train training unseen);
+    the flag outlives exec, so fairseq-train, torchrun's agent and prepare_data.py get it. It fires when the
+    thread that started the child ends: call Popen from a thread that waits for the child (tee, call and a
+    sweep's slot do). The child stays in its parent's process group: Ctrl-C reaches both, as before."""
+    if _PRCTL is None:
+        return {}
+    parent = os.getpid()
+
+    def die_with_parent():  # in the child, before exec: no imports, no locks
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request: nobody would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return {"preexec_fn": die_with_parent}
 
 
 def format_duration(seconds):
@@ -68,7 +106,14 @@ def tee(cmd, log, progress=None, show=None, keep=False):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # fairseq logs to stdout: unbuffered, line by line
     with open(log, "a", encoding="utf-8") as f:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace", bufsize=1
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            **child_process_options(),
         )
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
         interrupted = False
@@ -118,7 +163,7 @@ def call(cmd, log=print):
     cmd = [str(c) for c in cmd]
     log("+ " + shlex.join(cmd), flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, errors="replace", **child_process_options())
     said = proc.stderr.splitlines(keepends=True)
     refused = said.pop() if proc.returncode == 2 and said and ONE_LINE_ERROR.match(said[-1]) else None
     sys.stderr.write("".join(said))
