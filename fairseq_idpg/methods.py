@@ -47,7 +47,7 @@ SELECTION_SPLITS = ("valid", "valid1")  # MNLI: valid = dev-matched, valid1 = de
 # the four large GLUE tasks, which IDPG trains with batch 32 for 10 epochs
 LARGE_TASKS = ("SST-2", "QNLI", "QQP", "MNLI")
 # A method's family: what it trains inside the frozen encoder (the check of a new machine runs one record of
-# each, scripts/check_gpu.sh; issue 22). In this order the check runs them.
+# each, scripts/check_gpu.sh). In this order the check runs them.
 FAMILIES = {
     "prompts": "static soft prompts at the input or at every layer: prompt tuning, P-tuning v2, DPT",
     "idpg": "prompts generated from the input: S-/M-IDPG (IDPG section 3)",

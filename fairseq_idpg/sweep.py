@@ -69,16 +69,18 @@ from fairseq_idpg.results.records import few_shot_budget
 from fairseq_idpg.run import (
     IN_USE_EXIT,
     REPO,
+    DamagedRecord,
     check,
+    child_process_options,
     format_duration,
     format_lr,
     plan,
     portable_hash,
     quiet,
+    read_run_file,
+    read_run_folder,
     warn_missing,
 )
-from fairseq_idpg.run.processes import child_process_options
-from fairseq_idpg.run.record import DamagedRecord, read_run_file, read_run_folder
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}

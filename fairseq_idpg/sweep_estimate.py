@@ -38,7 +38,7 @@ from typing import Optional
 
 from fairseq_idpg.errors import SweepError
 from fairseq_idpg.layout import REPO
-from fairseq_idpg.run.processes import format_duration
+from fairseq_idpg.run import format_duration
 
 TIMINGS = REPO / "checkpoints" / "gpu_check.json"  # scripts/check_gpu.sh's default --out, read when present
 TABLE = REPO / "docs" / "data" / "seconds_per_update_cpu.csv"

@@ -2,7 +2,6 @@
 timings, the learning curve and the command; and finding the runs of a work folder."""
 
 import json
-import os
 import shlex
 import subprocess
 import time
@@ -102,10 +101,11 @@ def read_run_folder(folder):
 
 
 def write_json(path, data):
-    """``data`` as ``path``, written whole or not at all (a temporary file renamed over it)."""
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    """``data`` as ``path``, written whole or not at all (``atomic_write_text``: a temporary file renamed over
+    it, removed when the write fails)."""
+    from fairseq_idpg.conversion.atomic import atomic_write_text
+
+    atomic_write_text(str(path), json.dumps(data, indent=1) + "\n")
 
 
 def write_record(p, results, diverged=None):
