@@ -12,8 +12,12 @@ See docs/data.md for the formats, label orders and split conventions.
 import argparse
 import sys
 
-from fairseq_idpg.errors import one_line_errors
-from fairseq_idpg.preprocessing import TASKS, PrepareError, prepare
+try:  # importing fairseq takes seconds: Ctrl-C then is one line too
+    from fairseq_idpg.errors import one_line_errors
+    from fairseq_idpg.preprocessing import TASKS, PrepareError, prepare
+except KeyboardInterrupt:
+    print("interrupted: prepare_data.py before it began (nothing written); the same command starts it", file=sys.stderr)
+    sys.exit(130)
 
 
 def main(argv=None) -> int:
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
     except PrepareError as e:
         print(f"prepare_data.py: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # prepare said what it removed; SIGTERM exits with 143 the same way
+    except KeyboardInterrupt:  # prepare said in one line what it keeps; SIGTERM exits with 143 the same way
         return 130
     return 0
 

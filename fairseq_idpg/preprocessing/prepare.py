@@ -10,6 +10,10 @@ preprocess into a temporary sibling of ``out`` that is renamed into place at the
     out/task.json                              num_classes, regression, pair, metric, split sizes,
                                                provenance (what it was made from: ``provenance``)
 
+Each BPE-encoded chunk of a split and each binarized column is a part, kept (its sha256 verified) in
+``.OUT.parts`` beside ``out`` until the end (``parts.py``): an interrupted preparation (Ctrl-C, a kill)
+ends in one line, and the same command resumes, reusing the parts already finished.
+
 ``provenance`` records the raw folder, the sha256 of each raw file and of the BPE files, and the
 sampling options; ``provenance_differences`` says why a prepared folder is not what the same
 options would prepare now (the main job, ``fairseq_idpg/run/``, prepares again then).
@@ -35,10 +39,12 @@ import numpy as np
 from ..data.digest import file_sha256
 from ..data.task_info import TaskInfo
 from .formats import Example, PrepareError, TaskSpec, get_task
+from .parts import Parts, parts_key, summary
 
 FEW_SHOT_DEV = 1000  # IDPG section 4.4: a 1,000-example dev set sampled from train
 STALE_AGE = 24 * 3600  # a temporary folder of another host (or unnamed process) this old is left over
 GPT2_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
+CHUNK_LINES = 10_000  # sentences BPE-encoded per part: an interrupted preparation loses at most one chunk's work
 
 
 def prepare(
@@ -55,7 +61,8 @@ def prepare(
     strict_sizes: bool = False,
     overwrite: bool = False,
 ) -> dict:
-    """Prepare ``task`` from its raw folder into ``out``; returns what it writes to task.json."""
+    """Prepare ``task`` from its raw folder into ``out``; returns what it writes to task.json. Interrupted
+    (Ctrl-C, SIGTERM), it says in one line what it keeps for the same command to resume from, and re-raises."""
     start = time.time()
     spec = get_task(task)
     raw, out = Path(raw), Path(out)
@@ -64,67 +71,99 @@ def prepare(
     workers = workers or min(4, os.cpu_count() or 1)
     _check_bpe(bpe, bpe_dir, vocab)
     _check_out(out, overwrite, raw)
-    data = read_raw(spec, raw, strict_sizes)
-    splits = make_splits(spec, data, few_shot, dev_from_train, seed)
-    origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed)
-    print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out, spec.name)
-    # .NAME.HOST.PID.xxxx.tmp: a later run can tell whether its process is still running
-    prefix = f".{out.name}.{_host()}.{os.getpid()}."
-    with _sigterm_as_exit():  # SIGTERM, like Ctrl-C, ends in the except clause below
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out.parent))
-        try:
-            umask = os.umask(0o22)
-            os.umask(umask)
-            tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
-            _binarize(spec, splits, tmp, bpe, bpe_dir, vocab, workers)
-            info = TaskInfo(
-                task=spec.name,
-                num_classes=spec.num_classes,
-                regression=spec.regression,
-                pair=spec.pair,
-                metric=spec.metric,
-                splits={s: len(v) for s, v in splits.items()},
-                bpe=bpe,
-                labels=list(spec.labels) if spec.labels else None,
-                few_shot=few_shot,
-                dev_from_train=dev_from_train,
-                seed=seed if few_shot is not None or dev_from_train is not None else None,
-                provenance=origin,
-            )
-            info.write(tmp)
-            _move_into_place(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                print(f"{spec.name}: interrupted; removed the unfinished {tmp}", file=sys.stderr, flush=True)
-            raise
+    parts = []  # the Parts, once opened
+    try:
+        data = read_raw(spec, raw, strict_sizes)
+        splits = make_splits(spec, data, few_shot, dev_from_train, seed)
+        origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed)
+        print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
+        info = TaskInfo(
+            task=spec.name,
+            num_classes=spec.num_classes,
+            regression=spec.regression,
+            pair=spec.pair,
+            metric=spec.metric,
+            splits={s: len(v) for s, v in splits.items()},
+            bpe=bpe,
+            labels=list(spec.labels) if spec.labels else None,
+            few_shot=few_shot,
+            dev_from_train=dev_from_train,
+            seed=seed if few_shot is not None or dev_from_train is not None else None,
+            provenance=origin,
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(out, spec.name)
+        with _signals_for_workers():  # SIGTERM, like Ctrl-C, ends in the except clauses
+            key = parts_key(spec.name, origin, CHUNK_LINES)
+            parts.append(Parts.open(out, key, log=lambda m: print(f"{spec.name}: {m}", flush=True)))
+            _build(spec, splits, out, parts[0], info, (bpe, bpe_dir, vocab, workers))
+    except (KeyboardInterrupt, SystemExit):
+        print(_interrupted(spec, out, parts[0] if parts else None), file=sys.stderr, flush=True)
+        raise
+    parts[0].remove()
     print(f"{spec.name}: wrote {out} in {time.time() - start:.1f} s", flush=True)
     return info.to_dict()
 
 
+def _build(spec: TaskSpec, splits, out: Path, parts: Parts, info: TaskInfo, encoding) -> None:
+    """Binarize into a temporary sibling of ``out`` (its finished parts kept in ``parts``), renamed to ``out``."""
+    # .NAME.HOST.PID.xxxx.tmp: a later run can tell whether its process is still running
+    prefix = f".{out.name}.{_host()}.{os.getpid()}."
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=out.parent))
+    try:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; out should get the usual mode
+        _binarize(spec, splits, tmp, *encoding, parts)
+        info.write(tmp)
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _interrupted(spec: TaskSpec, out: Path, parts: Optional[Parts]) -> str:
+    """The one line an interrupted preparation ends with; a parts folder with nothing finished is removed."""
+    kept = parts.kept() if parts is not None else []
+    if not kept:
+        if parts is not None:
+            parts.remove()
+        return f"interrupted: prepare_data {spec.name} --out {out}: nothing finished yet; the same command starts again"
+    return (
+        f"interrupted: prepare_data {spec.name} --out {out}: {len(kept)} finished part(s) kept in {parts.folder}; "
+        f"the same command resumes from them"
+    )
+
+
 @contextlib.contextmanager
-def _sigterm_as_exit():
-    """SIGTERM raises SystemExit(143) in this process (as Ctrl-C raises KeyboardInterrupt), so the temporary
-    folder is removed; forked workers that inherit the handler die as before."""
+def _signals_for_workers():
+    """In this process SIGTERM raises SystemExit(143) (as Ctrl-C raises KeyboardInterrupt), so the temporary
+    folder is removed and the finished parts are kept. Forked workers (the BPE pool, fairseq-preprocess's)
+    inherit the handlers: they ignore Ctrl-C, which this process handles by ending them (no traceback of
+    theirs), and die of SIGTERM as before."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pid = os.getpid()
 
-    def handler(signum, frame):
+    def on_sigterm(signum, frame):
         if os.getpid() != pid:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum, frame):
+        if os.getpid() == pid:
+            raise KeyboardInterrupt
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm)}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # started in the background: Ctrl-C stays ignored
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # after ".OUT": ".HOST.PID.xxxxxxxx.tmp", or ".xxxxxxxx.tmp" (before the host and pid were in the name)
@@ -363,33 +402,67 @@ def _encode_gpt2(line: str) -> str:
 
 def encode(lines: List[str], bpe: str, bpe_dir: Optional[str], vocab: Optional[str], workers: int) -> List[str]:
     """BPE-encode ``lines`` into space-separated tokens (GPT-2: the BPE ids that dict.txt maps)."""
+    with _encoder(bpe, bpe_dir, vocab, workers) as encode_lines:
+        return encode_lines(lines)
+
+
+@contextlib.contextmanager
+def _encoder(bpe: str, bpe_dir: Optional[str], vocab: Optional[str], workers: int):
+    """A function lines -> encoded lines, for several calls: GPT-2's worker pool starts once, at the first."""
     if bpe == "wordpiece":
         from fairseq_idpg.encoders.wordpiece import WordpieceBPE, WordpieceBPEConfig
 
         encoder = WordpieceBPE(WordpieceBPEConfig(wordpiece_vocab=vocab))
-        return encoder.encode_batch([line.strip() for line in lines])  # parallel Rust threads
+        yield lambda lines: encoder.encode_batch([line.strip() for line in lines])  # parallel Rust threads
+        return
     paths = (os.path.join(bpe_dir, "encoder.json"), os.path.join(bpe_dir, "vocab.bpe"))
     if workers <= 1:
         _init_gpt2(*paths)
-        return [_encode_gpt2(line) for line in lines]
-    with Pool(workers, initializer=_init_gpt2, initargs=paths) as pool:
-        return pool.map(_encode_gpt2, lines, chunksize=max(1, min(1000, len(lines) // (4 * workers))))
+        yield lambda lines: [_encode_gpt2(line) for line in lines]
+        return
+    with contextlib.ExitStack() as stack:
+        pool = []
+
+        def encode_lines(lines):
+            if not pool:
+                pool.append(stack.enter_context(Pool(workers, initializer=_init_gpt2, initargs=paths)))
+            chunksize = max(1, min(1000, len(lines) // (4 * workers)))
+            return pool[0].map(_encode_gpt2, lines, chunksize=chunksize)
+
+        yield encode_lines
 
 
 # --- binarization ------------------------------------------------------------------------
 
 
-def _binarize(spec: TaskSpec, splits, tmp: Path, bpe, bpe_dir, vocab, workers) -> None:
-    text = tmp / "_text"  # BPE-encoded text files, removed once binarized
-    text.mkdir()
-    n_inputs = 2 if spec.pair else 1
-    lines = [ex.texts[i] for i in range(n_inputs) for exs in splits.values() for ex in exs]
-    print(f"{spec.name}: BPE ({bpe}) of {len(lines):,} sentences with {workers} workers", flush=True)
-    encoded = iter(encode(lines, bpe, bpe_dir, vocab, workers))
-    for i in range(n_inputs):
-        for split, exs in splits.items():
-            _write_lines(text / f"{split}.input{i}", (next(encoded) for _ in exs))
+def _text_chunks(splits, column: int):
+    """(split, part name, sentences) of column ``input{column}``: each split's in chunks of CHUNK_LINES."""
+    for split, exs in splits.items():
+        for k, begin in enumerate(range(0, len(exs), CHUNK_LINES)):
+            sentences = [ex.texts[column] for ex in exs[begin : begin + CHUNK_LINES]]
+            yield split, f"text/{split}.input{column}.{k:04d}", sentences
 
+
+def _binarize(spec: TaskSpec, splits, tmp: Path, bpe, bpe_dir, vocab, workers, parts: Parts) -> None:
+    """tmp/input0, input1 (pairs), label: each binarized column is a part (kept when interrupted), made from
+    BPE-encoded chunks that are parts too; those already finished are reused."""
+    columns = [f"input{i}" for i in range(2 if spec.pair else 1)] + ["label"]
+    chunks = {c: list(_text_chunks(splits, i)) for i, c in enumerate(columns[:-1]) if not parts.finished(c)}
+    reused = [c for c in columns if c not in chunks and parts.finished(c)]
+    reused += [name for each in chunks.values() for _, name, _ in each if parts.finished(name)]
+    if reused:
+        print(f"{spec.name}: reusing {len(reused)} finished part(s) of an interrupted preparation in {parts.folder} "
+              f"(sha256 checked): {summary(reused)}", flush=True)  # fmt: skip
+    todo = [(name, lines) for each in chunks.values() for _, name, lines in each if name not in reused]
+    if todo or not reused:
+        sentences = sum(len(lines) for _, lines in todo)
+        print(f"{spec.name}: BPE ({bpe}) of {sentences:,} sentences with {workers} workers", flush=True)
+    with _encoder(bpe, bpe_dir, vocab, workers) as encode_lines:
+        for name, lines in todo:
+            parts.make(name, lambda path, lines=lines: _write_lines(path, encode_lines(lines)))
+
+    text = tmp / "_text"  # each split's BPE-encoded text, as fairseq-preprocess reads it
+    text.mkdir()
     if bpe == "gpt2":
         src_dict = os.path.join(bpe_dir, "dict.txt")
     else:
@@ -397,24 +470,39 @@ def _binarize(spec: TaskSpec, splits, tmp: Path, bpe, bpe_dir, vocab, workers) -
 
         src_dict = str(text / "dict.txt")
         write_dict_txt(vocab, src_dict)
-    for i in range(n_inputs):
-        _preprocess(text, splits, f"input{i}", src_dict, tmp / f"input{i}", workers)
+    for column, each in chunks.items():
+        for split in splits:
+            _concatenate([parts.folder / name for s, name, _ in each if s == split], text / f"{split}.{column}")
+        parts.make(column, lambda dest, c=column: _preprocess(text, splits, c, src_dict, dest, workers), folder=True)
+    if not parts.finished("label"):
+        parts.make("label", lambda dest: _labels(spec, splits, text, dest, workers), folder=True)
+    for column in columns:
+        parts.link(column, tmp / column)
+    shutil.rmtree(text)
 
-    (tmp / "label").mkdir()
+
+def _concatenate(sources: List[Path], target: Path) -> None:
+    with open(target, "wb") as f:
+        for source in sources:
+            with open(source, "rb") as part:
+                shutil.copyfileobj(part, f)
+
+
+def _labels(spec: TaskSpec, splits, text: Path, dest: Path, workers: int) -> None:
+    """The label column in ``dest``: STS-B's scores as text, else binarized with a fixed label dictionary."""
     if spec.regression:
         # fairseq's sentence_prediction reads label/{split}.label for --regression-target;
         # "%.6g" is awk's number format, so the files match the recipe's `awk '{print $1 / 5.0}'`
         for split, exs in splits.items():
-            _write_lines(tmp / "label" / f"{split}.label", ("%.6g" % (float(ex.label) / 5.0) for ex in exs))
-    else:
-        # A label dictionary in the task's fixed order (fairseq would order it by frequency,
-        # so class indices would depend on the data); counts are the train frequencies.
-        counts = [sum(ex.label == label for ex in splits["train"]) for label in spec.labels]
-        _write_lines(text / "label.dict.txt", (f"{label} {n}" for label, n in zip(spec.labels, counts, strict=False)))
-        for split, exs in splits.items():
-            _write_lines(text / f"{split}.label", (ex.label for ex in exs))
-        _preprocess(text, splits, "label", str(text / "label.dict.txt"), tmp / "label", workers)
-    shutil.rmtree(text)
+            _write_lines(dest / f"{split}.label", ("%.6g" % (float(ex.label) / 5.0) for ex in exs))
+        return
+    # A label dictionary in the task's fixed order (fairseq would order it by frequency,
+    # so class indices would depend on the data); counts are the train frequencies.
+    counts = [sum(ex.label == label for ex in splits["train"]) for label in spec.labels]
+    _write_lines(text / "label.dict.txt", (f"{label} {n}" for label, n in zip(spec.labels, counts, strict=False)))
+    for split, exs in splits.items():
+        _write_lines(text / f"{split}.label", (ex.label for ex in exs))
+    _preprocess(text, splits, "label", str(text / "label.dict.txt"), dest, workers)
 
 
 def _write_lines(path: Path, lines) -> None:
