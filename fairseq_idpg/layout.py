@@ -15,10 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 LMBFF_TASKS = {name: name.lower() for name, spec in TASKS.items() if spec.files == LMBFF}
 SHARED = REPO.parent / "shared"
 SHARED_DATA = SHARED / "data"
+DATA_DIR = REPO / "data"  # scripts/download.sh glue / lmbff / glove write here
+SAMPLE_DIR = DATA_DIR / "sample"  # made-up data of a main job that found no task data and could not download it
 MODELS_DIR = REPO / "models"  # scripts/download.sh and build_standin.sh write here
 STANDIN_DIR = MODELS_DIR / "minilm-l6-fairseq"
 GPT2_BPE_DIRS = (SHARED / "roberta_bpe", MODELS_DIR / "gpt2_bpe")  # the second: scripts/download.sh bpe
-GLOVE_FILE = REPO / "data" / "glove" / "glove.6B.300d.txt"  # where scripts/download.sh glove puts it
+GLOVE_FILE = DATA_DIR / "glove" / "glove.6B.300d.txt"  # where scripts/download.sh glove puts it
 
 
 def bpe_places(bpe):
@@ -31,21 +33,36 @@ def bpe_places(bpe):
     return None
 
 
+def raw_places(task):
+    """Where the raw folder of ``task`` is looked for, in order (each an (origin, path)): ``$GLUE_DIR/<TASK>``
+    (``$LMBFF_DIR/<task>`` for LM-BFF's tasks) when set, the checkout's ``data/`` (where scripts/download.sh
+    puts it), ``../shared/data`` beside the checkout."""
+    env, kind, name = ("LMBFF_DIR", "lmbff", LMBFF_TASKS[task]) if task in LMBFF_TASKS else ("GLUE_DIR", "glue", task)
+    places = [(f"${env}", Path(os.environ[env]) / name)] if os.environ.get(env) else []
+    return places + [("scripts/download.sh", DATA_DIR / kind / name), ("../shared/data", SHARED_DATA / kind / name)]
+
+
+def download_command(task):
+    """The scripts/download.sh command that puts ``task``'s raw folder in the checkout's ``data/``."""
+    return "scripts/download.sh lmbff" if task in LMBFF_TASKS else f"scripts/download.sh glue --tasks {task}"
+
+
 def raw_dir(task, raw=None):
+    """The raw folder of ``task``: ``raw`` when given, else the first of ``raw_places`` that exists; a RunError
+    naming every place looked in when none does."""
     if raw:
-        path = Path(raw)
-    elif task in LMBFF_TASKS:
-        base = os.environ.get("LMBFF_DIR")
-        path = Path(base) / LMBFF_TASKS[task] if base else SHARED_DATA / "lmbff" / LMBFF_TASKS[task]
-    else:
-        base = os.environ.get("GLUE_DIR")
-        path = Path(base) / task if base else SHARED_DATA / "glue" / task
-    if not path.is_dir():
+        if not Path(raw).is_dir():
+            raise RunError(f"raw data for {task} not found: --raw {raw} is not a folder")
+        return Path(raw)
+    places = raw_places(task)
+    found = next((path for _, path in places if path.is_dir()), None)
+    if found is None:
+        looked = ", ".join(f"{path} ({origin})" for origin, path in places)
         raise RunError(
-            f"raw data for {task} not found at {path} (give --raw DIR, set $GLUE_DIR/$LMBFF_DIR, "
-            f"or run scripts/download.sh glue / lmbff)"
+            f"raw data for {task} not found; looked in {looked} (run {download_command(task)}, "
+            f"give --raw DIR or set ${'LMBFF_DIR' if task in LMBFF_TASKS else 'GLUE_DIR'})"
         )
-    return path
+    return found
 
 
 def model_dir(model):
@@ -87,11 +104,14 @@ def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=
     return base / task
 
 
-def standin_lock(folder):
-    """A lock beside the stand-in's folder: two runs started at once on a fresh machine (a sweep's first
-    slots, test workers) build it once, the second finding it up to date."""
+def folder_lock(folder):
+    """A lock beside ``folder``: two runs started at once on a fresh machine (a sweep's first slots, test
+    workers) make it once (the stand-in, a download), the second finding it made."""
     from filelock import FileLock
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(folder.parent / f".{folder.name}.lock"))
+
+
+standin_lock = folder_lock  # the stand-in's folder: built once

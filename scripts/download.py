@@ -67,6 +67,27 @@ class DownloadError(Exception):
     pass
 
 
+MADE = []  # the folders this run made, for removing the empty ones when it fails
+
+
+def make_dirs(path: Path) -> None:
+    """``path.mkdir(parents=True, exist_ok=True)``, remembering the folders it made (``MADE``)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    MADE.extend(reversed(missing))
+
+
+def remove_made() -> None:
+    """Remove the folders this run made that are still empty (a failed download leaves nothing behind; what
+    it completed before stays, complete, and is skipped next time)."""
+    for folder in reversed(MADE):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (complete downloads), or already gone
+            pass
+    MADE.clear()
+
+
 def fetch(url: str, f) -> None:
     """Stream ``url`` into the binary file ``f`` (the one network call; tests replace it)."""
     with urllib.request.urlopen(url, timeout=60) as response:
@@ -86,7 +107,7 @@ def download(url: str, dest: Path, md5: Optional[str] = None) -> Path:
     if dest.exists() and (md5 is None or md5sum(dest) == md5):
         print(f"{dest}: exists, skipped")
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(dest.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     try:
         print(f"fetching {url}", flush=True)
@@ -133,7 +154,7 @@ def fetch_dir(dest: Path, build: Callable[[Path], None]) -> None:
     if dest.exists():
         print(f"{dest}: exists, skipped")
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(dest.parent)
     with tempfile.TemporaryDirectory(prefix=f".{dest.name}.", dir=dest.parent) as tmp:
         stage = Path(tmp) / "out"
         stage.mkdir()
@@ -218,6 +239,7 @@ def main(argv=None) -> int:
     for name in ("lmbff", "glove", "bpe", "all"):
         sub.add_parser(name, parents=[common])
     args = parser.parse_args(argv)
+    MADE.clear()
     what, data, models = args.what, args.out or REPO / "data", args.out or REPO / "models"
     try:
         if what in ("glue", "all"):
@@ -231,6 +253,7 @@ def main(argv=None) -> int:
         if what in ("bpe", "all"):
             bpe(models)
     except (DownloadError, OSError) as e:  # urllib's errors are OSErrors
+        remove_made()
         print(f"download.py: error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from fairseq_idpg.errors import RunError
-from fairseq_idpg.layout import REPO, bpe_args, bpe_encoding, data_folder, raw_dir
+from fairseq_idpg.layout import (
+    REPO,
+    SAMPLE_DIR,
+    bpe_args,
+    bpe_encoding,
+    data_folder,
+    download_command,
+    folder_lock,
+    raw_dir,
+    raw_places,
+)
 from fairseq_idpg.run.processes import call
 
 
@@ -77,16 +87,64 @@ def prepared(folder):
     return Data(Path(folder), info, info.provenance)
 
 
+def sample_folder(task):
+    """Where the made-up sample of ``task`` goes (the layout of the checkout's data/)."""
+    _, downloaded = raw_places(task)[-2]
+    return SAMPLE_DIR / downloaded.parent.name / downloaded.name
+
+
+def fetch_raw(task, model, not_found, log=print):
+    """The raw folder of ``task`` that no place holds: downloaded into the checkout's data/ (scripts/download.sh);
+    when that fails (offline) and the model is the stand-in, a made-up sample in data/sample/, said as such: the
+    job runs end to end, its score means nothing. A real model gets the one-line error instead."""
+    _, downloaded = raw_places(task)[-2]
+    with folder_lock(downloaded):  # two runs started at once download it once
+        if not downloaded.is_dir():
+            looked = ", ".join(str(path) for _, path in raw_places(task))
+            log(f"data: no {task} raw folder in {looked}: downloading it", flush=True)
+            try:
+                call([sys.executable, REPO / "scripts" / "download.py", *download_command(task).split()[1:]], log)
+            except RunError:
+                if model != "standin":
+                    raise RunError(f"{not_found}; the download failed (see above)") from None
+        if downloaded.is_dir():
+            return downloaded
+    sample = sample_folder(task)
+    with folder_lock(sample):
+        if not sample.is_dir():
+            from fairseq_idpg.sample_data import write_sample
+
+            write_sample(task, sample)
+    print(
+        f"run.sh: warning: no {task} data and no download (offline?): training on made-up sample data ({sample}); "
+        f"its score says nothing about {task}. For the real data: {download_command(task)}",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    return sample
+
+
+def find_raw(request, task, log=print):
+    """(the raw folder or None, what a dry run found missing): a folder no place holds is fetched (``fetch_raw``);
+    a dry run says so and lists only a ``--raw`` folder that does not exist."""
+    try:
+        return raw_dir(task, request.raw), []
+    except RunError as e:
+        if request.raw and request.dry_run:
+            return None, [str(e)]
+        if request.raw:  # a folder the user named: theirs to fix
+            raise
+        if not request.dry_run:
+            return fetch_raw(task, request.model, e, log), []
+        looked = ", ".join(str(path) for _, path in raw_places(task))
+        offline = f"; offline, it makes a made-up sample in {sample_folder(task)}" if request.model == "standin" else ""
+        log(f"data: no {task} raw folder in {looked}: the run downloads it ({download_command(task)}){offline}")
+        return None, []
+
+
 def data_for(request, task, backbone, log=print):
     """The prepared data (prepared again, saying why, when what it was made from differs from what would be
     used now), with the seconds preparing it took."""
-    missing = []
-    try:
-        raw = raw_dir(task, request.raw)
-    except RunError as e:
-        if not request.dry_run:
-            raise
-        raw, missing = None, [str(e)]
+    raw, missing = find_raw(request, task, log)
     bpe = bpe_args(backbone.dir, request.bpe_dir, request.model)
     sampling = {"few_shot": request.few_shot, "dev_from_train": request.dev_from_train, "data_seed": request.data_seed}
     folder = data_folder(request.work_dir, backbone.name, task, **sampling)

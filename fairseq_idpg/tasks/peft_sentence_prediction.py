@@ -17,10 +17,14 @@ Differences from fairseq's ``sentence_prediction`` (everything else is inherited
 - ``--num-classes`` may be omitted when the data folder has the ``task.json`` written by
   ``scripts/prepare_data.py``; the task hands that ``TaskInfo`` to the models it builds as
   ``task.info`` (the task-model protocol: ``tasks/model_protocol.py``).
+- fairseq-validate (and any evaluation command, whose parser has ``--path``) scores in batches of
+  ``EVAL_BATCH_SIZE`` sentences when neither ``--batch-size`` nor ``--max-tokens`` is given (fairseq
+  refused to start without one).
 """
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +53,8 @@ from fairseq_idpg.optim import mark_head
 from .model_protocol import inserted_tokens
 
 logger = logging.getLogger(__name__)
+EVAL_BATCH_SIZE = 32  # fairseq-validate's batch when none is given: a score does not depend on it
+BATCH_FLAGS = ("--batch-size", "--max-sentences", "--bsz", "--max-tokens")
 
 
 @dataclass
@@ -64,6 +70,11 @@ class PeftSentencePredictionTask(SentencePredictionTask):
         self.is_pair = self.info.pair if self.info is not None else _pair_from_folders(cfg.data)
         self.num_inserted_tokens = 0
         self._loaded_with = {}  # split -> num_inserted_tokens used for its truncation
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        default_eval_batch_size(parser)
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
@@ -167,6 +178,16 @@ class PeftSentencePredictionTask(SentencePredictionTask):
                 f"{path}, line {bad + 1}: expected {self.cfg.num_classes} regression value(s), found {len(rows[bad])}"
             )
         return RawLabelDataset([[float(x) for x in r] for r in rows])
+
+
+def default_eval_batch_size(parser, argv=None):
+    """An evaluation parser (it has ``--path``: fairseq-validate) given no batch flag gets ``--batch-size
+    EVAL_BATCH_SIZE`` as its default: fairseq asserts that one is set before it loads anything. Training keeps
+    fairseq's own check: its batch is part of the recipe."""
+    argv = sys.argv[1:] if argv is None else argv
+    given = any(arg.split("=", 1)[0] in BATCH_FLAGS for arg in argv)
+    if "--path" in parser._option_string_actions and not given:
+        parser.set_defaults(batch_size=EVAL_BATCH_SIZE)
 
 
 def check_data(cfg):
