@@ -1,0 +1,391 @@
+"""Count the aten operators a callable dispatches: the kernel launches of a training step, counted on the CPU.
+
+On a GPU a small model's training step is bound by kernel launches, and which launches a step makes does not
+depend on the device: every aten operator that computes something is (at least) one kernel. So a step's
+launches can be counted on the CPU, inside a ``TorchDispatchMode``:
+
+    counts = count_launches(lambda: train_step(model, optimizer, batch))
+    counts.total, counts.by_op.most_common(5), counts.by_line.most_common(5)
+
+What is not counted: operators that launch no kernel, namely
+
+- views: every operator whose schema says it returns an alias of an input without writing it
+  (``Tensor(a)``: ``view``, ``t``, ``transpose``, ``permute``, ``expand``, ``as_strided``, ``slice``,
+  ``select``, ``unsqueeze``, ``squeeze``, ``split``, ``unbind``, ``detach``, ``alias``, ...), read from
+  ``op._schema`` so the list cannot go stale;
+- ``NO_KERNEL``: ``_unsafe_view`` (a view its schema does not mark), the allocations ``empty*`` (memory, no
+  kernel) and ``lift_fresh`` (wraps a tensor literal).
+
+In-place operators (``add_``, ``Tensor(a!)``) are counted: they compute.
+
+What the CPU runs differently from CUDA is made to follow CUDA's path (``cuda_like``):
+
+- dropout, which ATen decomposes on the CPU into bernoulli_, div_ and mul but runs on CUDA as one fused
+  ``native_dropout`` kernel, is called as ``native_dropout``;
+- ``F.scaled_dot_product_attention`` with dropout falls back on the CPU to its unfused math (a dozen
+  operators each way), where CUDA runs one fused kernel (efficient or flash attention) forward and one
+  backward: it counts as one operator each way (``scaled_dot_product_attention`` and its ``_backward``,
+  computed exactly, uncounted inside);
+- ``torch.optim`` should be built with ``foreach=True`` (CUDA's default; the CPU's is a Python loop over
+  the tensors).
+
+Each operator is traced to a source line (``by_line``): the innermost frame of the Python stack under one of
+``PROJECT_DIRS`` (this project, fairseq, transformers, peft, the scripts), else the innermost torch frame
+outside the dispatch machinery (``torch/optim/adam.py:...``). An operator of the backward pass is traced to
+the forward line that made its autograd node (anomaly mode keeps that stack; its NaN check is off, so it
+adds no operator) and named ``backward of <line>``.
+"""
+
+import contextlib
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+NO_KERNEL = frozenset(
+    {
+        "aten::_unsafe_view",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::lift_fresh",
+        "aten::_record_function_enter_new",
+        "aten::_record_function_exit",
+    }
+)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
+# the frames a launch is traced to, innermost first (path fragments, "/" separated)
+PROJECT_DIRS = ("/fairseq_idpg/", "/fairseq/", "/transformers/", "/peft/", "/scripts/", "/tests/")
+# frames that are the counting itself, never a launch's source
+MACHINERY = (
+    "/torch/_ops.py",
+    "/torch/utils/_python_dispatch.py",
+    "/torch/overrides.py",
+    "/torch/_dynamo/",
+    "/torch/_compile.py",
+    __file__,
+)
+
+
+def launches_kernel(op) -> bool:
+    """Whether operator overload ``op`` computes (module docstring): not a view, not an allocation."""
+    schema = op._schema
+    if schema.name in NO_KERNEL:
+        return False
+    returns = schema.returns
+    views = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+    return not views
+
+
+def _short(filename, lineno):
+    """``fairseq_idpg/modules/x.py:12``: the path from the checkout's or site-packages' root."""
+    path = filename.replace(os.sep, "/")
+    for root in (REPO, "/site-packages/"):
+        if root in path:
+            path = path.rsplit(root, 1)[1]
+            break
+    return f"{path}:{lineno}"
+
+
+def source_line(frames) -> str:
+    """The line a launch is traced to, from ``frames`` [(filename, lineno)], innermost first."""
+    frames = [(f, n) for f, n in frames if not any(m in f.replace(os.sep, "/") for m in MACHINERY)]
+    for filename, lineno in frames:
+        if any(d in filename.replace(os.sep, "/") for d in PROJECT_DIRS):
+            return _short(filename, lineno)
+    return _short(*frames[0]) if frames else "?"
+
+
+def _python_frames():
+    frame, frames = sys._getframe(2), []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back
+    return frames
+
+
+def _backward_line():
+    """The forward line of the autograd node now running (None outside a backward pass)."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    stack = node.metadata.get("traceback_")
+    if not stack:
+        return "backward of ?"
+    text = stack if isinstance(stack, str) else "".join(stack)
+    frames = _parse_traceback(text)
+    return "backward of " + source_line(frames[::-1])
+
+
+def _parse_traceback(text):
+    """[(filename, lineno)], outermost first, of a formatted traceback's ``File "x", line n`` lines."""
+    frames = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            name, _, rest = line[len('File "') :].partition('", line ')
+            frames.append((name, int(rest.split(",")[0])))
+    return frames
+
+
+@dataclass
+class Launches:
+    """The operators counted: ``total``, per operator (``aten.mm``) and per source line."""
+
+    by_op: Counter = field(default_factory=Counter)
+    by_line: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)  # views and allocations, not in total
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_op.values())
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self, launches, trace, host=()):
+        super().__init__()
+        self.launches, self.trace = launches, trace
+        self.host = {id(t) for t in host}
+
+    def _on_host(self, args):
+        """Whether every tensor argument is one a CUDA run keeps on the host (the optimizer's step counts)."""
+        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+        return bool(self.host) and bool(tensors) and all(id(t) in self.host for t in tensors)
+
+    def count(self, name):
+        self.launches.by_op[name] += 1
+        if self.trace:
+            self.launches.by_line[_backward_line() or source_line(_python_frames())] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket.__name__)
+        if launches_kernel(func) and not self._on_host(args):
+            self.count(name)
+        else:
+            self.launches.skipped[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _FusedAttention(torch.autograd.Function):
+    """SDPA counted as CUDA's fused kernels: one operator forward, one backward (module docstring). The
+    values and gradients are SDPA's own (its graph is kept and differentiated, uncounted)."""
+
+    @staticmethod
+    def forward(ctx, counter, attention, kwargs, q, k, v):
+        counter.count("scaled_dot_product_attention")
+        with _disable_current_modes(), torch.enable_grad():
+            inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+            out = attention(*inputs, **kwargs)
+        ctx.counter, ctx.inputs, ctx.out = counter, inputs, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.counter.count("scaled_dot_product_attention_backward")
+        with _disable_current_modes():
+            wanted = [t for t in ctx.inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(ctx.out, wanted, grad) if wanted else ())
+        return (None, None, None, *(next(grads) if t.requires_grad else None for t in ctx.inputs))
+
+
+@contextlib.contextmanager
+def _cuda_like(counter):
+    """Dropout and attention as CUDA runs them (module docstring): ``torch.nn.functional``'s ``dropout`` and
+    ``scaled_dot_product_attention`` replaced while counting, under the name every caller reads them by
+    (``F.dropout``, and the module's own globals for ``F.multi_head_attention_forward``)."""
+    functional = torch.nn.functional
+    dropout, attention = functional.dropout, functional.scaled_dot_product_attention
+
+    def fused_dropout(input, p=0.5, training=True, inplace=False):
+        if not (training and 0 < p < 1 and input.numel() > 0):
+            return dropout(input, p, training, inplace)
+        out = torch.native_dropout(input, p, True)[0]
+        return input.copy_(out) if inplace else out
+
+    def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        options = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+        return _FusedAttention.apply(counter, attention, options, query, key, value)
+
+    with mock.patch.object(functional, "dropout", fused_dropout):
+        with mock.patch.object(functional, "scaled_dot_product_attention", fused_attention):
+            yield
+
+
+def count_launches(fn, trace=True, cuda_like=True, host=()) -> Launches:
+    """The operators ``fn()`` dispatches (module docstring); ``trace``: also per source line (anomaly mode
+    keeps the forward stacks for the backward's lines; it does not change the operators). ``host``: tensors
+    a CUDA run keeps on the host, whose operators launch nothing (``optimizer_steps``)."""
+    launches = Launches()
+    anomaly = torch.autograd.set_detect_anomaly(True, check_nan=False) if trace else contextlib.nullcontext()
+    counter = _Counting(launches, trace, host)
+    cuda = _cuda_like(counter) if cuda_like else contextlib.nullcontext()
+    with anomaly, cuda, counter:
+        fn()
+    return launches
+
+
+# ---------------------------------------------------------------------------------------- a training step
+def optimizer_steps(optimizer):
+    """The optimizer's step counts: host tensors in a CUDA run (``torch.optim``'s default, not capturable)."""
+    return [state["step"] for state in optimizer.state.values() if torch.is_tensor(state.get("step"))]
+
+
+def step_launches(forward, params, labels, warmup=2, trace=True) -> Launches:
+    """The launches of one training step after ``warmup`` steps: ``forward()`` (logits), fp32 cross-entropy,
+    backward, ``torch.optim.Adam`` (foreach, as on CUDA) over ``params``, gradients set to None."""
+    optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, foreach=True)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(forward().float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    return count_launches(step, trace=trace, host=optimizer_steps(optimizer))
+
+
+# ---------------------------------------------------------------------------------------- the models
+@dataclass(frozen=True)
+class Shape:
+    """The encoder and batch a count is made at: tiny widths (the counts do not depend on the width or the
+    batch), RoBERTa-large's depth; a quarter of the rows padded to half the length."""
+
+    layers: int = 24
+    dim: int = 64
+    heads: int = 4
+    ffn: int = 128
+    vocab: int = 100
+    batch: int = 4
+    length: int = 32
+
+    def sizes(self, layers=None):
+        return dict(
+            encoder_layers=layers or self.layers, encoder_embed_dim=self.dim,
+            encoder_ffn_embed_dim=self.ffn, encoder_attention_heads=self.heads,
+        )  # fmt: skip
+
+
+def tiny_batch(shape, device="cpu"):
+    """(tokens [B, T] from a fairseq dictionary of ``shape.vocab`` symbols, labels [B]), seeded."""
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(4, shape.vocab, (shape.batch, shape.length), generator=g)
+    tokens[:, 0], tokens[:, -1] = 0, 2
+    short = max(1, shape.batch // 4)
+    tokens[:short, shape.length // 2 :] = 1  # padding
+    tokens[:short, shape.length // 2 - 1] = 2
+    return tokens.to(device), torch.randint(0, 2, (shape.batch,), generator=g).to(device)
+
+
+def _dictionary(shape):
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for i in range(shape.vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+def ours(name, shape, layers=None, dtype=torch.bfloat16, seed=0):
+    """(model, forward) of method record ``name`` at ``shape`` (``layers`` deep), random weights, a 2-class
+    head, cast to ``dtype``, in training mode. IDPG reads M(x) from its cache, as from the second epoch on."""
+    from fairseq_idpg.methods import get_method
+    from fairseq_idpg.models.build import build_method
+
+    method = get_method(name)
+    options = {"idpg_cache": "memory"} if method.arch == "roberta_idpg" else {}
+    torch.manual_seed(seed)
+    model = build_method(method, _dictionary(shape), **shape.sizes(layers), **options)
+    model.register_classification_head("head", num_classes=2)
+    model = model.to(dtype).train()
+    tokens, _ = tiny_batch(shape)
+    extra = {}
+    if method.arch == "roberta_idpg":
+        model.attach_sentence_cache(0, {"split": "train", "synthetic": True}, range(shape.batch))
+        extra["sentence_ids"] = torch.arange(shape.batch)  # slot 0, rows 0..B-1
+    return model, lambda: model(tokens, classification_head_name="head", **extra)[0]
+
+
+def counterpart(name):
+    """The PEFT method (or ``"finetune"``: transformers' model, every weight trained) of record ``name``."""
+    from fairseq_idpg.methods import get_method
+
+    return "finetune" if name == "finetune" else get_method(name).peft_counterpart
+
+
+def theirs(name, shape, layers=None, dtype=torch.bfloat16, seed=0):
+    """(model, forward) of ``counterpart(name)``: transformers' ``RobertaForSequenceClassification`` of the
+    same shape (and weights: the stock fairseq model's of ``seed``), PEFT's method configured as our record
+    (``check_gpu.timing.peft_model``); None without a counterpart."""
+    from fairseq_idpg.check_gpu.timing import hf_roberta, peft_model
+
+    kind = counterpart(name)
+    if not kind:
+        return None
+    stock, _ = ours("finetune", shape, layers, torch.float32, seed)
+    sizes = shape.sizes(layers)
+    model = hf_roberta(stock.state_dict(), sizes)
+    tokens, _ = tiny_batch(shape)
+    mask = tokens.ne(1).long()
+    if kind == "prefix-tuning":
+        return _peft_prefix(model.to(dtype).train(), tokens, mask)
+    if kind != "finetune":
+        model = peft_model(model, kind)
+    model = model.to(dtype).train()
+    return model, lambda: model(input_ids=tokens, attention_mask=mask).logits
+
+
+def _peft_prefix(hf, tokens, mask):
+    """PEFT's prefix tuning (``check_gpu.timing.peft_model``'s configuration) on the encoder, under the
+    transformers head: PEFT's sequence-classification wrapper reads a pooled output that
+    ``RobertaForSequenceClassification``'s encoder does not return (it fails at the first forward)."""
+    from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+    config = PrefixTuningConfig(
+        task_type=TaskType.FEATURE_EXTRACTION, num_virtual_tokens=32, prefix_projection=True, encoder_hidden_size=800
+    )
+    encoder = get_peft_model(hf.roberta, config)
+    model = torch.nn.ModuleDict({"encoder": encoder, "classifier": hf.classifier})
+    return model, lambda: hf.classifier(encoder(input_ids=tokens, attention_mask=mask).last_hidden_state)
+
+
+def trained(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def model_launches(build, name, shape, layers=None, dtype=torch.bfloat16, trace=True):
+    """The launches of one warmed-up training step of ``build(name, shape, layers, dtype)`` (``ours`` or
+    ``theirs``); None where ``build`` gives no model."""
+    built = build(name, shape, layers, dtype)
+    if built is None:
+        return None
+    model, forward = built
+    _, labels = tiny_batch(shape)
+    return step_launches(forward, trained(model), labels, trace=trace)
+
+
+@dataclass(frozen=True)
+class PerUpdate:
+    """Launches per update at ``shape.layers`` and how they grow with depth: ``per_layer`` (from a model half
+    as deep) and ``fixed`` (the rest: embeddings, head, loss, optimizer)."""
+
+    total: int
+    per_layer: float
+    fixed: float
+    launches: Launches
+
+
+def per_update(build, name, shape, dtype=torch.bfloat16, trace=True):
+    """``PerUpdate`` of ``build``'s model of ``name`` (None without one)."""
+    full = model_launches(build, name, shape, None, dtype, trace)
+    if full is None:
+        return None
+    half = shape.layers // 2
+    shallow = model_launches(build, name, shape, half, dtype, trace=False)
+    per_layer = (full.total - shallow.total) / (shape.layers - half)
+    return PerUpdate(full.total, per_layer, full.total - per_layer * shape.layers, full)
