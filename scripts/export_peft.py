@@ -14,7 +14,10 @@ pytorch_adapter.bin, head_config.json, pytorch_model_head.bin: the head as a cla
 The Hugging Face model: for the offline stand-in (all-MiniLM-L6-v2 converted, not RoBERTa) the original
 BERT folder it was converted from; for a RoBERTa backbone, ``RobertaModel`` converted from it into
 OUT/base_model (or, with --base-model NAME, the model of that name, e.g. FacebookAI/roberta-large, whose
-weights you vouch are the backbone's).
+weights you vouch are the backbone's). The adapter names its base portably, never by a local path
+(base_model_name_or_path / model_name: sentence-transformers/all-MiniLM-L6-v2 for the stand-in,
+FacebookAI/roberta-large for models/roberta.large, else the model folder's name, or --base-model NAME), and
+OUT/fairseq_backbone.json records that name and the sha256 of the backbone's weights, which import_peft.py checks.
 """
 
 import argparse
@@ -66,6 +69,7 @@ def export(args):
     import torch
 
     from fairseq_idpg.interop import adapters_format, peft_format
+    from fairseq_idpg.interop.base_model import backbone_name, write_backbone_file
     from fairseq_idpg.interop.files import check_output_folder, staged_folder
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
     from fairseq_idpg.interop.trained import checkpoint_file, load_trained
@@ -79,19 +83,21 @@ def export(args):
         peft_format.check_exportable(run)
     with staged_folder(args.out) as stage:  # made whole beside OUT, then renamed into place
         hf = hf_backbone_for(run.backbone)
+        name = args.base_model or backbone_name(run.backbone, hf)
         if hf.model_type == "roberta":
             base = args.base_model or os.path.join(os.path.abspath(args.out), "base_model")
             written = None if args.base_model else os.path.join(stage, "base_model")
             hf = hf_backbone_for(run.backbone, written)._replace(path=base)
         if args.format == "adapters":
-            name = args.name or peft_format.describe(run.options)
-            config = adapters_format.export_adapters(run, hf, stage, hf.path, name)
+            adapter = args.name or peft_format.describe(run.options)
+            config = adapters_format.export_adapters(run, hf, stage, name, adapter)
             kind = config.get("architecture") or ("Compacter" if config.get("phm_layer") else "bottleneck adapter")
-            said = f"adapters {kind} {name!r}"
+            said = f"adapters {kind} {adapter!r}"
         else:
-            config = peft_format.export_peft(run, hf, stage, hf.path)
+            config = peft_format.export_peft(run, hf, stage, name)
             said = f"PEFT {config['peft_type']}"
-    print(f"wrote {args.out}: {said} for {hf.path} ({hf.model_type})")
+        write_backbone_file(stage, run.backbone, name)
+    print(f"wrote {args.out}: {said} for {name} ({hf.model_type}, here: {hf.path})")
     return 0
 
 

@@ -7,11 +7,15 @@ method, which fairseq-validate and the hub score. docs/using.md, "PEFT and adapt
         --data data-bin/standin/SST-2
 
 The adapter's rank, alpha, dropout and targets (query / value) become --lora-rank, --lora-alpha,
---lora-dropout and --lora-targets; its classification head (modules_to_save) our head. What our LoRA
-cannot hold (other target modules, biases, rsLoRA, DoRA, per-layer ranks) is refused in one line.
+--lora-dropout and --lora-targets (rsLoRA's alpha / sqrt(r) as --lora-alpha alpha sqrt(r)); its classification
+head (modules_to_save) our head. What our LoRA cannot hold (other target modules, biases, DoRA, per-layer ranks,
+other trained modules, a changed base such as PiSSA's) is refused in one line naming the field.
 An adapters folder (pytorch_adapter.bin or adapter.safetensors, as ``save_adapter(..., with_head=True)``
-writes it) becomes the houlsby-adapter, compacter or mam-adapter record with its sizes as flags; gates, new
-LayerNorms, other placements or non-linearities and other heads are refused in one line.
+writes it) becomes the houlsby-adapter, compacter, prefix-tuning or mam-adapter record with its sizes as flags
+(a parallel adapter alone: the parallel FFN adapter's flags alone); gates, new LayerNorms, other placements or
+non-linearities and other heads are refused in one line.
+The adapter's base model (base_model_name_or_path, adapters' model_name, or the weights digest our export
+writes beside it) must be --backbone's; --ignore-base-model imports it onto another backbone anyway.
 """
 
 import argparse
@@ -29,6 +33,11 @@ def main(argv=None):
     parser.add_argument("--data", metavar="DIR", required=True, help="the prepared task folder (data-bin/...)")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT if it exists (never a file this reads), atomically"
+    )
+    parser.add_argument(
+        "--ignore-base-model",
+        action="store_true",
+        help="import although the adapter names another base model than --backbone (you vouch for the weights)",
     )
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
@@ -56,16 +65,17 @@ def run(args):
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
     from fairseq_idpg.methods import METHODS
 
+    hf = hf_backbone_for(args.backbone)
     if adapters_format.is_adapters_folder(args.adapter):
-        hf = hf_backbone_for(args.backbone)
-        method, _ = adapters_format.import_adapters(args.adapter, hf, args.backbone, args.data, args.out)
+        method, _ = adapters_format.import_adapters(
+            args.adapter, hf, args.backbone, args.data, args.out, any_base=args.ignore_base_model
+        )
         print(f"wrote {args.out}: {method} from the adapters folder {args.adapter}")
         return 0
-    config, _ = peft_format.read_peft(args.adapter)
-    peft_format.lora_import_settings(config, args.adapter)  # before anything is built
-    hf = hf_backbone_for(args.backbone)
-    peft_format.import_peft(args.adapter, hf, METHODS["lora"], args.backbone, args.data, args.out)
-    print(f"wrote {args.out}: lora (r {config['r']}) from {args.adapter}")
+    rank = peft_format.import_peft(
+        args.adapter, hf, METHODS["lora"], args.backbone, args.data, args.out, any_base=args.ignore_base_model
+    )
+    print(f"wrote {args.out}: lora (r {rank}) from {args.adapter}")
     return 0
 
 

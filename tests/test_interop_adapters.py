@@ -81,27 +81,34 @@ def test_mam_adapter_on_the_standin_loads_into_the_original_bert(tmp_path, stand
     assert (mine - without).abs().max() > 10 * STANDIN_ATOL
 
 
+def built_by_adapters(tmp_path, tiny, name, config):
+    """(hf, the AutoAdapterModel, its saved folder): an adapter that ``adapters`` built with ``config`` on
+    ``tiny``'s RobertaModel, every trained tensor moved off its initialisation, saved with its head."""
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+
+    hf = hf_backbone_for(tiny.model_file, tmp_path / "base")._replace(path=str(tmp_path / "base"))
+    torch.manual_seed(0)
+    theirs = adapters.AutoAdapterModel.from_pretrained(hf.path)
+    theirs.add_adapter(name, config=config)
+    theirs.add_classification_head(name, num_labels=2, layers=2, activation_function="tanh", use_pooler=False)
+    theirs.train_adapter(name)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.3)
+    theirs.set_active_adapters(name)
+    theirs.save_adapter(str(tmp_path / name), name, with_head=True)
+    return hf, theirs, tmp_path / name
+
+
 def test_an_adapter_built_by_adapters_imports_to_the_same_logits(tmp_path, tiny, glue_texts, capsys):
     """A Compacter that adapters built (its own CompacterConfig: one A set shared by every layer, which ours
     copies into each adapter) and saved becomes our compacter record: the hub's logits are adapters'. The same
     folder with a gate is refused in one line, nothing written."""
     import json
 
-    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
-
     data, _ = tiny_sst2(tmp_path, tiny)
-    hf = hf_backbone_for(tiny.model_file, tmp_path / "base")._replace(path=str(tmp_path / "base"))
-    torch.manual_seed(0)
-    theirs = adapters.AutoAdapterModel.from_pretrained(hf.path)
-    theirs.add_adapter("c", config=adapters.CompacterConfig(reduction_factor=2, phm_rank=2))
-    theirs.add_classification_head("c", num_labels=2, layers=2, activation_function="tanh", use_pooler=False)
-    theirs.train_adapter("c")
-    with torch.no_grad():
-        for p in theirs.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.3)
-    theirs.set_active_adapters("c")
-    theirs.save_adapter(str(tmp_path / "c"), "c", with_head=True)
+    hf, theirs, _ = built_by_adapters(tmp_path, tiny, "c", adapters.CompacterConfig(reduction_factor=2, phm_rank=2))
     assert import_(tmp_path / "c", tmp_path / "c.pt", tiny.model_file, data) == 0
     mine, other = logits_both(hub(tmp_path / "c.pt", data, tiny.folder / "vocab.txt"), theirs.eval(), hf, glue_texts)
     gap = (mine - other).abs().max().item()
@@ -116,6 +123,53 @@ def test_an_adapter_built_by_adapters_imports_to_the_same_logits(tmp_path, tiny,
     refused_in_one_line(
         capsys, "import_peft.py", lambda: import_(tmp_path / "c", gated, tiny.model_file, data), gated, why
     )
+
+
+def test_a_parallel_adapter_alone_imports_to_the_same_logits(tmp_path, tiny, glue_texts, capsys):
+    """adapters' parallel adapter without prefixes (``ParBnConfig``: He et al.'s parallel FFN adapter) becomes our
+    parallel FFN adapter alone (its flags, no record's preset, whose prefixes cannot be turned off): the hub loads
+    the checkpoint and its logits are adapters'; exported again, it is the same adapter."""
+    data, _ = tiny_sst2(tmp_path, tiny)
+    hf, theirs, _ = built_by_adapters(tmp_path, tiny, "p", adapters.ParBnConfig(reduction_factor=4, scaling=2.0))
+    capsys.readouterr()
+    assert import_(tmp_path / "p", tmp_path / "p.pt", tiny.model_file, data) == 0
+    assert "parallel adapter (--ffn-adapter-dim/--ffn-adapter-scale, no --blocks-preset)" in capsys.readouterr().out
+    ours = hub(tmp_path / "p.pt", data, tiny.folder / "vocab.txt")
+    mine, other = logits_both(ours, theirs.eval(), hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    with capsys.disabled():
+        print(f"tiny RoBERTa, adapters' parallel adapter alone imported: max |ours - adapters| = {gap:.2e}")
+    assert gap <= TINY_ATOL, f"max |ours - adapters| = {gap:.2e}"
+    from fairseq_idpg.interop.peft_format import active_blocks
+
+    assert active_blocks(ours.model) == ["ffn_adapter"]
+    assert export(tmp_path / "p.pt", tmp_path / "again", "--format", "adapters") == 0
+    again = adapter_model(tmp_path / "again" / "base_model", tmp_path / "again")
+    _, back = logits_both(ours, again, hf, glue_texts)
+    assert (mine - back).abs().max() <= TINY_ATOL
+
+
+def test_an_adapters_folder_of_another_base_or_size_is_refused(tmp_path, tiny, tiny_backbones, capsys):
+    """The export names its base portably (model_name: the backbone's name, no local path); imported onto another
+    backbone of the same shape it is refused by the weights digest beside it, then by model_name; onto a backbone
+    of other sizes, saying that the sizes differ; nothing written."""
+    import json
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    checkpoint, folder = trained_checkpoint(tmp_path, "houlsby-adapter", tiny.model_file, data), tmp_path / "out"
+    assert export(checkpoint, folder, "--format", "adapters") == 0
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["model_name"] == tiny.folder.name
+    other, out = tiny_backbones(seed=1), tmp_path / "x.pt"
+    why = f"exported from the backbone '{tiny.folder.name}'"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_(folder, out, other.model_file, data), out, why)
+    (folder / "fairseq_backbone.json").unlink()
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "model_name": "bert-base-uncased"}))
+    why = f"was trained on 'bert-base-uncased' (model_name), --backbone {tiny.model_file} is '{tiny.folder.name}'"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_(folder, out, tiny.model_file, data), out, why)
+    bigger = tiny_backbones(layers=4)
+    why = "made for a roberta model with 2 layers and hidden size 32; --backbone is a roberta model with 4 layers"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_(folder, out, bigger.model_file, data), out, why)
 
 
 @pytest.mark.parametrize(

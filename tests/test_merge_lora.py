@@ -60,3 +60,19 @@ def test_what_does_not_fold_into_the_weights_is_refused(tmp_path, tiny, capsys, 
     data, _ = tiny_sst2(tmp_path, tiny)
     run, merged = trained(tmp_path, method, tiny.model_file, data), tmp_path / "merged.pt"
     refused_in_one_line(capsys, "merge_lora.py", lambda: merge(run, merged), merged)
+
+
+def test_the_reported_size_counts_the_tied_lm_head_once(tmp_path, tiny, capsys):
+    """The LM head's weight is the token embeddings' (one tensor under two names): the values merge_lora.py
+    reports are those of the loaded model's distinct parameters and buffers."""
+    from fairseq import checkpoint_utils
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    run = trained(tmp_path, "lora", tiny.model_file, data)
+    capsys.readouterr()
+    assert merge(run, tmp_path / "merged.pt") == 0
+    reported = int(capsys.readouterr().out.split(" checkpoint, ")[1].split(" values")[0].replace(",", ""))
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(tmp_path / "merged.pt")])
+    model = models[0]
+    assert model.encoder.lm_head.weight is model.encoder.sentence_encoder.embed_tokens.weight
+    assert reported == sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())

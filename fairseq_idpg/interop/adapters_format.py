@@ -53,7 +53,7 @@ import torch
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.interop.files import read_json, read_tensors, save_torch, write_json
-from fairseq_idpg.interop.peft_format import HEAD_KEY, NotExpressible, active_blocks, describe
+from fairseq_idpg.interop.peft_format import HEAD_KEY, LAYER_KEY, NotExpressible, active_blocks, check_sizes, describe
 
 CONFIG, WEIGHTS = "adapter_config.json", "pytorch_adapter.bin"
 SAFE_WEIGHTS = "adapter.safetensors"  # what save_adapter(use_safetensors=True) writes instead
@@ -66,6 +66,8 @@ LOCATIONS = {"attn_adapter": "attention.output", "ffn_adapter": "output", "paral
 FLEX_HEAD = {"dense": "heads.{name}.1", "out_proj": "heads.{name}.4"}
 MODEL_CLASS = {"bert": "BertAdapterModel", "roberta": "RobertaAdapterModel"}
 PREFIX_MLP = {"embedding": "wte", "hidden": "control_trans.0", "output": "control_trans.2"}
+# the parallel adapter without prefixes: no record has it alone, so it is built from --ffn-adapter-* alone
+PARALLEL_ALONE = "parallel adapter (--ffn-adapter-dim/--ffn-adapter-scale, no --blocks-preset)"
 
 # adapters 1.3.0 BnConfig with its defaults: every key that save_adapter writes (a complete config loads
 # the same in later versions that add fields)
@@ -227,7 +229,7 @@ def module_file(config, hf, name, base_model, hidden):
 
 def export_adapters(run, hf, out_dir, base_model, name):
     """Write ``run`` (a ``trained.TrainedRun``) as an adapters folder named ``name`` for the Hugging Face model
-    ``hf`` (``hf_backbone.HFBackbone``) at ``base_model``; returns the adapter config."""
+    ``hf`` (``hf_backbone.HFBackbone``) named ``base_model`` in its files; returns the adapter config."""
     plan = export_plan(run)
     dim = run.model.encoder.sentence_encoder.embed_tokens.weight.shape[1]
     prefix = getattr(run.model, "prefix_encoder", None)
@@ -314,8 +316,7 @@ def import_settings(config, dim, folder):
             if not isinstance(b.get("scaling", 1.0), (int, float)):
                 raise NotExpressible(f"{folder}: scaling {b['scaling']!r}: ours is a constant s")
             overrides.update({"--ffn-adapter-dim": bottleneck, "--ffn-adapter-scale": float(b.get("scaling", 1.0))})
-            method = "mam-adapter"  # the record with the parallel adapter; without prefixes, their length 0
-            overrides.setdefault("--prefix-length", 0)
+            method = "mam-adapter" if prefixes else PARALLEL_ALONE
         else:
             differences(b, dict(common, mh_adapter=True, output_adapter=True, scaling=1.0), folder)
             if b.get("phm_layer"):
@@ -438,18 +439,40 @@ def check_head(head_config, folder):
         )
 
 
-def import_adapters(folder, hf, backbone, data, out_file):
-    """Write the adapters ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``) as our compact
-    checkpoint for the prepared ``data``; returns (the method's record name, out_file)."""
-    from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
+def method_record(method):
+    """The record ``method`` is built from; the parallel adapter alone: the MAM adapter's without its preset
+    (whose prefixes a prefix length of 0 would turn off, which a preset refuses), so only its flags apply."""
+    from dataclasses import replace
+
     from fairseq_idpg.methods import METHODS
-    from fairseq_idpg.models.frozen_roberta import read_backbone
+
+    if method == PARALLEL_ALONE:
+        return replace(METHODS["mam-adapter"], options={"save_trainable_only": True})
+    return METHODS[method]
+
+
+def check_adapter_sizes(config, tensors, hf, dims, folder):
+    """One line where the folder's tensors were made for a model of other sizes than ``--backbone``'s."""
+    found = [m for m in (LAYER_KEY.match(k) for k in tensors) if m]
+    check_sizes(found, config.get("hidden_size"), hf, dims, folder)
+
+
+def import_adapters(folder, hf, backbone, data, out_file, any_base=False):
+    """Write the adapters ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``) as our compact
+    checkpoint for the prepared ``data``; returns (the method's record name, out_file). The base model is
+    checked (``base_model.check_base_model``) unless ``any_base``."""
+    from fairseq_idpg.interop.base_model import check_base_model
+    from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
+    from fairseq_idpg.run import model_dims
 
     config, tensors, head_config, head_tensors = read_adapters(folder)
     check_head(head_config, folder)
-    dim = read_backbone(backbone)[LAYER.split("layers")[0] + "embed_tokens.weight"].shape[1]
-    method, overrides = import_settings(config, dim, folder)
-    model, cfg = build_for_import(METHODS[method], backbone, data, overrides)
+    dims = model_dims(backbone)
+    method, overrides = import_settings(config, dims["--encoder-embed-dim"], folder)
+    check_adapter_sizes(config, tensors, hf, dims, folder)
+    if not any_base:
+        check_base_model(config.get("model_name"), folder, backbone, hf, "model_name")
+    model, cfg = build_for_import(method_record(method), backbone, data, overrides)
     head = next(iter(model.classification_heads))
     state = imported_state(tensors, head_tensors, hf, model, head, config["name"], folder)
     if "prefix_encoder.kv" in state:

@@ -61,6 +61,20 @@ class HFBackbone(NamedTuple):
         return torch.tensor(self.token_order, dtype=torch.long)[fairseq_tokens]
 
 
+EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+
+
+def module_names(hf, layers):
+    """The names of ``hf``'s ``*ForSequenceClassification`` modules that hold weights (embeddings, every
+    layer's, the head's) and of every module above them, as ``named_modules()`` gives them and PEFT matches
+    them (``interop/peft_config.py``)."""
+    leaves = [f"{hf.base}.embeddings.{name}" for name in EMBEDDINGS]
+    leaves += [hf.layer(i, name) for i in range(layers) for name, _ in LAYER_PAIRS]
+    leaves += list(HEAD_NAMES[hf.model_type].values())
+    names = {".".join(leaf.split(".")[:k]) for leaf in leaves for k in range(1, leaf.count(".") + 2)}
+    return sorted(names)
+
+
 def read_backbone_checkpoint(path):
     """The whole fairseq checkpoint at ``path`` (``model``, ``cfg``, and ``conversion`` when converted)."""
     from fairseq_idpg.models.frozen_roberta import load_checkpoint_file, read_backbone

@@ -65,4 +65,11 @@ def merged_checkpoint(run, out_file):
     weights = merged_model(run)
     state = dict(run.state, model=weights, cfg=plain_cfg(run.state["cfg"]), last_optimizer_state=None)
     save_torch(state, out_file)
-    return sum(v.numel() for v in weights.values())
+    return distinct_values(weights)
+
+
+def distinct_values(weights):
+    """The number of values of a state dict, each tensor counted once: the LM head's weight is the token
+    embeddings' (tied), one tensor under two names."""
+    seen = {(v.data_ptr(), v.dtype, tuple(v.shape), v.stride()): v.numel() for v in weights.values()}
+    return sum(seen.values())

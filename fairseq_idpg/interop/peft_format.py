@@ -24,6 +24,7 @@ before anything is written.
 """
 
 import os
+import re
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.interop.hf_backbone import HEAD_MODULES, HEAD_NAMES
@@ -36,6 +37,12 @@ HEAD_KEY = "classification_heads.{head}.{part}.{kind}"
 
 class NotExpressible(ConfigError):
     """The format cannot hold this method exactly (why: the message)."""
+
+
+def listed(names, shown=3):
+    """The first ``shown`` of ``names`` and how many more (for one-line messages)."""
+    more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 # ---------------------------------------------------------------------------------------------- reading ours
@@ -70,11 +77,19 @@ def refuse_prompt(options):
 def head_tensors(run, hf):
     """The classification head under PEFT's names for ``hf``'s ``*ForSequenceClassification``."""
     head = run.model.classification_heads[run.head]
-    out = {}
-    for part, hf_name in HEAD_NAMES[hf.model_type].items():
-        for kind in ("weight", "bias"):
-            out[f"{PREFIX}{hf_name}.{kind}"] = getattr(getattr(head, part), kind).detach().float().contiguous()
-    return out
+    return {
+        key: getattr(getattr(head, part), kind).detach().float().contiguous()
+        for key, (part, kind) in head_keys(hf).items()
+    }
+
+
+def head_keys(hf):
+    """PEFT's names of our head's tensors: {their key: (our part, kind)}."""
+    return {
+        f"{PREFIX}{hf_name}.{kind}": (part, kind)
+        for part, hf_name in HEAD_NAMES[hf.model_type].items()
+        for kind in ("weight", "bias")
+    }
 
 
 def lora_settings(model):
@@ -171,42 +186,71 @@ def valid_rank(r):
     return isinstance(r, int) and not isinstance(r, bool) and r >= 1
 
 
-def lora_import_settings(config, folder):
-    """(overrides of our flags, our targets) for a PEFT LoRA config; ``NotExpressible`` for what ours lacks."""
+LAYER_KEY = re.compile(r"(?P<base>\w+)\.encoder\.layer\.(?P<index>\d+)\.")
+
+
+def check_sizes(found, hidden, hf, dims, where, every_layer=True):
+    """One line where the tensors (``found``: their ``LAYER_KEY`` matches; ``hidden``: their input size, None
+    when unknown) were made for another model than ``hf`` with ``dims`` (``run.model_dims``)."""
+    if not found:
+        return
+    base, layers = found[0].group("base"), 1 + max(int(m.group("index")) for m in found)
+    ours = (dims["--encoder-layers"], dims["--encoder-embed-dim"])
+    if base != hf.base or hidden not in (None, ours[1]) or layers > ours[0] or every_layer and layers != ours[0]:
+        size = f"hidden size {hidden}" if hidden is not None else "its hidden size"
+        raise ConfigError(
+            f"{where}: made for a {base} model with {layers} layers and {size}; --backbone is a {hf.model_type} "
+            f"model with {ours[0]} layers and hidden size {ours[1]}: the sizes differ (give the backbone it was "
+            f"trained on)"
+        )
+
+
+def check_lora_sizes(tensors, hf, dims, config, where):
+    """``check_sizes`` of PEFT's LoRA tensors (``layers_to_transform`` may leave layers out)."""
+    found = [m for m in (LAYER_KEY.match(k[len(PREFIX) :]) for k in tensors if k.startswith(PREFIX)) if m]
+    hidden = next((v.shape[-1] for k, v in tensors.items() if k.endswith(".lora_A.weight")), None)
+    check_sizes(found, hidden, hf, dims, where, every_layer=config.get("layers_to_transform") is None)
+
+
+def check_ranks(tensors, modules, rank, where):
+    """One line where a LoRA tensor's rank is not the config's r (an edited config)."""
+    for name in (n for found in modules.values() for n in found):
+        for part, axis in (("lora_A", 0), ("lora_B", 1)):
+            key = f"{PREFIX}{name}.{part}.weight"
+            if key in tensors and tensors[key].dim() == 2 and tensors[key].shape[axis] != rank:
+                raise ConfigError(
+                    f"{where}: {key} has rank {tensors[key].shape[axis]}, its {CONFIG} r {rank}: the config and "
+                    f"the weights disagree (an edited r?); copy the adapter folder again"
+                )
+
+
+def lora_import_settings(config, hf, dims, tensors, folder):
+    """(overrides of our flags, {our target: module names}) for a PEFT LoRA adapter on ``hf``; one line
+    (``NotExpressible`` for what ours lacks, ``interop/peft_config.py``) where it does not fit."""
+    from fairseq_idpg.interop.hf_backbone import module_names
+    from fairseq_idpg.interop.peft_config import lora_import_settings as settings
+
+    where = os.path.join(folder, CONFIG)
     if config.get("peft_type") != "LORA":
-        raise NotExpressible(f"{folder}: a PEFT {config.get('peft_type')} adapter; only LORA has our form here")
-    targets = config.get("target_modules") or []
-    unsupported = {
-        "target_modules other than query/value": isinstance(targets, str) or not set(targets) <= {"query", "value"},
-        "bias": config.get("bias", "none") != "none",
-        "use_rslora (alpha / sqrt(r))": config.get("use_rslora"),
-        "use_dora": config.get("use_dora"),
-        "rank_pattern / alpha_pattern": config.get("rank_pattern") or config.get("alpha_pattern"),
-        "layers_to_transform": config.get("layers_to_transform") is not None,
-        "fan_in_fan_out": config.get("fan_in_fan_out"),
-    }
-    bad = [name for name, is_set in unsupported.items() if is_set]
-    if bad:
-        raise NotExpressible(f"{folder}: LoRA with {', '.join(bad)}: ours is W_q / W_v, alpha / r, no bias (Hu et al.)")
-    ours = sorted(t for t, module in LORA_MODULES.items() if module in targets)
-    overrides = {
-        "--lora-rank": config["r"],
-        "--lora-alpha": float(config.get("lora_alpha", 8)),
-        "--lora-dropout": float(config.get("lora_dropout", 0.0)),
-        "--lora-targets": ",".join(ours),
-    }
-    return overrides, ours
+        raise NotExpressible(f"{where}: a PEFT {config.get('peft_type')} adapter; only LORA has our form here")
+    check_lora_sizes(tensors, hf, dims, config, folder)
+    layers = dims["--encoder-layers"]
+    overrides, modules = settings(config, hf, module_names(hf, layers), layers, where)
+    check_ranks(tensors, modules, overrides["--lora-rank"], folder)
+    return overrides, modules
 
 
 def imported_state(tensors, hf, model, head, folder):
-    """Our state entries (LoRA + head) from PEFT's ``tensors``; a missing one is one line naming it.
-    A BERT head trained without the pooler in ``modules_to_save`` keeps BERT's pretrained pooler."""
-    state = {}
+    """Our state entries (LoRA + head) from PEFT's ``tensors``; a missing one is one line naming it, and so is a
+    tensor ours has no place for. A BERT head trained without the pooler in ``modules_to_save`` keeps BERT's
+    pretrained pooler."""
+    state, used = {}, set()
 
     def take(key, ours):
         if key not in tensors:
             raise ConfigError(f"{folder}: {WEIGHTS} lacks {key}")
         state[ours] = tensors[key]
+        used.add(key)
 
     for i, layer in enumerate(model.encoder.sentence_encoder.layers):
         for t, module in LORA_MODULES.items():
@@ -216,13 +260,18 @@ def imported_state(tensors, hf, model, head, folder):
             take(f"{name}.lora_A.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.A")
             take(f"{name}.lora_B.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.B")
     pretrained = pretrained_pooler(hf) if f"{PREFIX}bert.pooler.dense.weight" not in tensors else {}
-    for part, hf_name in HEAD_NAMES[hf.model_type].items():
-        for kind in ("weight", "bias"):
-            key, ours = f"{PREFIX}{hf_name}.{kind}", HEAD_KEY.format(head=head, part=part, kind=kind)
-            if key in pretrained:
-                state[ours] = pretrained[key]
-            else:
-                take(key, ours)
+    for key, (part, kind) in head_keys(hf).items():
+        ours = HEAD_KEY.format(head=head, part=part, kind=kind)
+        if key in pretrained:
+            state[ours] = pretrained[key]
+        else:
+            take(key, ours)
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise NotExpressible(
+            f"{folder}: {WEIGHTS} holds tensors ours has no place for: {listed(unused)}; ours holds LoRA's A and B "
+            f"and the head"
+        )
     return state
 
 
@@ -241,16 +290,22 @@ def pretrained_pooler(hf):
     }
 
 
-def import_peft(folder, hf, method, backbone, data, out_file):
+def import_peft(folder, hf, method, backbone, data, out_file, any_base=False):
     """Write the PEFT LoRA adapter ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``)
-    as our compact checkpoint of ``method`` (the ``lora`` record) for the prepared ``data``."""
+    as our compact checkpoint of ``method`` (the ``lora`` record) for the prepared ``data``; every check
+    (``lora_import_settings``, the base model unless ``any_base``) before anything is built. Returns the rank."""
+    from fairseq_idpg.interop.base_model import check_base_model
     from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
+    from fairseq_idpg.run import model_dims
 
     config, tensors = read_peft(folder)
-    overrides, _ = lora_import_settings(config, folder)
+    overrides, _ = lora_import_settings(config, hf, model_dims(backbone), tensors, folder)
+    if not any_base:
+        check_base_model(config.get("base_model_name_or_path"), folder, backbone, hf, "base_model_name_or_path")
     model, cfg = build_for_import(method, backbone, data, overrides)
     head = cfg.model.classification_head_name if hasattr(cfg.model, "classification_head_name") else None
     head = head or next(iter(model.classification_heads))
     state = imported_state(tensors, hf, model, head, folder)
     copy_imported(model, state, folder)
-    return save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")
+    save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")
+    return overrides["--lora-rank"]
