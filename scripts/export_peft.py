@@ -45,7 +45,9 @@ def main(argv=None):
     parser.add_argument("--name", default=None, help="adapters: the adapter's name (default: the method's)")
     parser.add_argument("--backbone", metavar="PATH", help="where the run's backbone is now (default: as recorded)")
     parser.add_argument(
-        "--base-model", metavar="NAME", help="RoBERTa only: the Hugging Face model to name instead of OUT/base_model"
+        "--base-model",
+        metavar="NAME",
+        help="the Hugging Face model to name as the base (RoBERTa: instead of writing OUT/base_model)",
     )
     parser.add_argument(
         "--overwrite",

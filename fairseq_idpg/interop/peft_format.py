@@ -19,6 +19,9 @@ What PEFT can hold exactly, and what it cannot (docs/using.md, "PEFT and adapter
   IDPG's scheme besides: prompts *added* to the hidden states at the prompt slots after each layer
   (IDPG section 4.1), whose keys then depend on the input; PEFT's P-tuning v2 is static prefixes.
 
+On import, which fields of a PEFT ``LoraConfig`` map onto ours and which are refused: ``peft_config``; the base
+model is checked by ``base_model``; a tensor of the weights file ours has no place for is refused too.
+
 Everything refused raises ``NotExpressible`` (a ConfigError: one line, exit status 2 from the scripts)
 before anything is written.
 """
