@@ -263,3 +263,30 @@ def test_another_size_and_an_edited_rank_are_said_as_such(exported, tiny, tiny_b
         "adapter_config.json r 8: the config and the weights disagree"
     )
     refused_in_one_line(capsys, "import_peft.py", lambda: import_peft(folder, out, tiny.model_file, data), out, why)
+
+
+def test_a_regex_adapter_of_the_standins_bert_imports_to_peft_logits(tmp_path, standin_model, glue_texts):
+    """On the stand-in's original BERT (module names bert.encoder.layer.N...; the pooler not trained, so BERT's
+    own is kept), an adapter peft built with a regex target_modules and rsLoRA imports to PEFT's logits within the
+    LayerNorm-epsilon tolerance."""
+    from interop_support import STANDIN_ATOL, tiny_backbone_of
+
+    from fairseq_idpg.interop.hf_backbone import hf_backbone_for
+
+    data, _ = tiny_sst2(tmp_path, tiny_backbone_of(standin_model))
+    hf = hf_backbone_for(standin_model / "model.pt")
+    torch.manual_seed(0)
+    auto = transformers.AutoModelForSequenceClassification.from_pretrained(hf.path, num_labels=2)
+    config = peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=r"bert\..*\.(query|value)", use_rslora=True)
+    theirs = peft.get_peft_model(auto, config)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    theirs.save_pretrained(str(tmp_path / "adapter"))
+    assert import_peft(tmp_path / "adapter", tmp_path / "back.pt", standin_model / "model.pt", data) == 0
+    ours = hub(tmp_path / "back.pt", data, standin_model / "vocab.txt")
+    mine, other = logits_both(ours, theirs.eval(), hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    print(f"stand-in, regex targets and rsLoRA: max |ours - PEFT| = {gap:.2e}, logits up to {mine.abs().max():.2f}")
+    assert gap <= STANDIN_ATOL and torch.equal(mine.argmax(-1), other.argmax(-1)), gap
