@@ -290,3 +290,16 @@ def test_a_regex_adapter_of_the_standins_bert_imports_to_peft_logits(tmp_path, s
     gap = (mine - other).abs().max().item()
     print(f"stand-in, regex targets and rsLoRA: max |ours - PEFT| = {gap:.2e}, logits up to {mine.abs().max():.2f}")
     assert gap <= STANDIN_ATOL and torch.equal(mine.argmax(-1), other.argmax(-1)), gap
+
+
+def test_a_head_of_another_number_of_classes_is_said_as_such(exported, tiny, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    data, _, adapter = exported
+    folder, out = edited(adapter, tmp_path / "adapter"), tmp_path / "x.pt"
+    tensors = load_file(folder / "adapter_model.safetensors")
+    for kind, shape in (("weight", (3, 32)), ("bias", (3,))):
+        tensors[f"base_model.model.classifier.out_proj.{kind}"] = torch.zeros(shape)
+    save_file(tensors, folder / "adapter_model.safetensors")
+    why = "out_proj.weight has shape (3, 32), this model (2, 32) (another number of classes than --data's)"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_peft(folder, out, tiny.model_file, data), out, why)

@@ -43,15 +43,16 @@ def build_for_import(method, backbone, data, overrides=None):
 
 def copy_imported(model, state, folder):
     """Copy ``state`` (our names -> imported tensors) into ``model``; a shape that differs is one line naming
-    the tensor and ``folder`` (another backbone, or another number of classes), before anything is copied."""
+    the tensor and ``folder`` (the head: another number of classes), before anything is copied."""
     import torch
 
     own = model.state_dict(full=True)
     for key, value in state.items():
         if own[key].shape != value.shape:
+            head = key.startswith("classification_heads.")
+            why = "another number of classes than --data's" if head else "the adapter's sizes are not this model's"
             raise ConfigError(
-                f"{folder}: {key} has shape {tuple(value.shape)}, this model {tuple(own[key].shape)} "
-                f"(another backbone, or another number of classes than --data's)"
+                f"{folder}: {key} has shape {tuple(value.shape)}, this model {tuple(own[key].shape)} ({why})"
             )
     with torch.no_grad():
         for key, value in state.items():
