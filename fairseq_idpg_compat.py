@@ -96,6 +96,21 @@ One fix per trap, each tested in ``tests/test_compat.py``:
    by one that differs in ``tensor`` alone, because the call sits in the middle of ``train_step``: a
    narrower fix would copy that method. tests/test_compat.py fails if trainer.py gets another call.
 
+12. ``one_line_write_failures``: a full disk (or a read-only or over-quota folder) while fairseq-train saved a
+   checkpoint ended in a traceback of ~20 lines (fairseq logs it, retries twice, raises) and left a partial
+   ``checkpoint_<epoch>_<updates>.pt.tmp``. A local checkpoint is now written like the project's other files
+   (``fairseq_idpg.interop.files.save_torch``: a temporary beside it, renamed when complete, removed when the
+   write fails), and a failed write or copy ends with ``fairseq-train: error: FILE: could not be written
+   (WHY); free some space, or give --save-dir a folder with room ...``, exit status 2; the checkpoints saved
+   before are as they were.
+
+13. ``one_line_divergence``: a diverged update (fp32 NaN/Inf gradients, fp16's loss scale at its minimum)
+   ended fairseq-train in a ``FloatingPointError`` traceback after writing the diverged state to
+   ``crash.pt`` (re-running the batch under fairseq's ``NanDetector``, whose hooks fail with this torch,
+   added a StopIteration traceback). It now ends with one line on stderr, ``FloatingPointError: REASON at
+   update N (lr LR is likely too high: try a lower --lr)``, exit status 1, and no crash.pt (nothing can resume from that
+   state). The line starts as Python's did, so the main job still reads the reason from train.log.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -375,7 +390,10 @@ def atomic_checkpoint_copies(checkpoint_utils):
                 return base.copy(src_path, dst_path, overwrite=overwrite)
             if not overwrite and os.path.exists(dst_path):
                 return False
-            return atomic_copy(src_path, dst_path)
+            try:
+                return atomic_copy(src_path, dst_path)
+            except OSError as e:
+                raise _write_failed(dst_path, e) from e
 
     checkpoint_utils.PathManager = PathManager
 
@@ -492,10 +510,42 @@ def resume_from_intact_checkpoint(checkpoint_utils):
     checkpoint_utils.load_checkpoint = load_checkpoint
 
 
+# ---------------------------------------------------------------- 12. a failed checkpoint write
+def _write_failed(path, error):
+    """The ConfigError for a checkpoint file that could not be written (a full disk, a read-only folder)."""
+    why = getattr(error, "strerror", None) or str(error) or "the write failed"
+    return _errors().ConfigError(
+        f"{path}: could not be written ({why}); free some space, or give --save-dir a folder with room (the same "
+        f"command then resumes); the checkpoints saved before are as they were"
+    )
+
+
+def one_line_write_failures(checkpoint_utils):
+    """``checkpoint_utils.torch_persistent_save`` writes a local file atomically; a failed write is one line."""
+    original = checkpoint_utils.torch_persistent_save
+    if getattr(original, "_fairseq_idpg_compat", False):
+        return
+
+    def torch_persistent_save(obj, filename, async_write=False):
+        manager = checkpoint_utils.PathManager
+        if async_write or manager.path_requires_pathmanager(filename) or not manager.supports_rename(filename):
+            return original(obj, filename, async_write=async_write)
+        from fairseq_idpg.interop.files import save_torch
+
+        try:
+            save_torch(obj, filename)
+        except _errors().ConfigError as e:  # save_torch's own line names the file; this one says what to do
+            raise _write_failed(filename, e.__cause__ or e) from e.__cause__
+
+    torch_persistent_save._fairseq_idpg_compat = True
+    checkpoint_utils.torch_persistent_save = torch_persistent_save
+
+
 def _patch_checkpoint_utils(module):
     torch_load_full_pickle(module)
     atomic_checkpoint_copies(module)
     resume_from_intact_checkpoint(module)
+    one_line_write_failures(module)
 
 
 # ---------------------------------------------------------------- 10. one-line errors
@@ -531,24 +581,27 @@ def config_error_in(error):
 
 def _one_line(prog, call):
     """Run ``call()``; a ConfigError (also one that another exception wraps) ends the process with
-    ``prog: error: message`` and exit status 2. A torchrun worker writes that line to torchrun's error file
-    instead, so that the launcher (``fairseq_idpg.launch``) says it once for all its workers."""
+    ``prog: error: message`` and exit status 2, a divergence (fix 13) with its ``FloatingPointError: ...`` line
+    and exit status 1. A torchrun worker writes that line to torchrun's error file instead, so that the
+    launcher (``fairseq_idpg.launch``) says it once for all its workers."""
     try:
         return call()
     except Exception as e:
         found = config_error_in(e)
-        if found is None:
+        if found is None and not isinstance(e, Diverged):
             raise
+        line = f"{prog}: error: " + " ".join(str(found).split()) if found is not None else e.line()
+        code = 2 if found is not None else 1
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if not error_file:
-            sys.exit(_errors().refuse(prog, found))
+            print(line, file=sys.stderr, flush=True)
+            sys.exit(code)
         import json
         import time
 
-        line = f"{prog}: error: " + " ".join(str(found).split())  # one line, whatever the check wrote
         with open(error_file, "w", encoding="utf-8") as f:
             json.dump({"message": line, "timestamp": int(time.time())}, f)
-        sys.exit(2)
+        sys.exit(code)
 
 
 def one_line_cli_errors(module, prog):
@@ -643,13 +696,68 @@ def trainer_overflow_without_cuda(trainer):
     trainer.torch = _TorchForTrainer("torch")
 
 
+# ---------------------------------------------------------------- 13. divergence
+class Diverged(FloatingPointError):
+    """fairseq's FloatingPointError of one update, with the update and the lr it was trained with."""
+
+    LR_REASONS = ("gradients are Nan/Inf", "Minimum loss scale reached")  # what a too-high lr causes
+
+    def __init__(self, update, reason, lr):
+        super().__init__(reason)
+        self.update, self.reason, self.lr = update, reason, lr
+
+    def line(self):
+        """One line that begins as Python's traceback ended (``FloatingPointError: REASON``): the main job reads
+        divergence from train.log by it (``fairseq_idpg/run/execution.py``, ``divergence``)."""
+        reason = " ".join(self.reason.split("\n")[0].split())
+        advice = self.lr is not None and self.reason.startswith(self.LR_REASONS)
+        why = f" (lr {self.lr:g} is likely too high: try a lower --lr)" if advice else ""
+        return f"FloatingPointError: {reason} at update {self.update}{why}"
+
+
+def one_line_divergence(trainer):
+    """``Trainer.train_step`` raises ``Diverged`` for fairseq's FloatingPointError; ``crash.pt`` (the diverged
+    state, saved while that error is handled) is no longer written, and the batch is no longer run again under
+    fairseq's ``NanDetector``: its backward hooks fail on a RoBERTa encoder with this torch (StopIteration,
+    a module output without tensors), which replaced the FloatingPointError by another traceback."""
+    import contextlib
+
+    cls = trainer.Trainer
+    if getattr(cls, "_fairseq_idpg_diverged", False):
+        return
+    trainer.NanDetector = lambda model, *args, **kwargs: contextlib.nullcontext()
+    train_step, save_checkpoint = cls.train_step, cls.save_checkpoint
+
+    def diverging_train_step(self, samples, raise_oom=False):
+        try:
+            return train_step(self, samples, raise_oom)
+        except Diverged:  # an inner call's (fairseq's AMP retries call train_step again)
+            raise
+        except FloatingPointError as e:
+            lr = self.cfg.optimization.lr[0] if self.cfg.optimization.lr else None
+            raise Diverged(self.get_num_updates() + 1, str(e), lr) from e
+
+    def skipping_crash_save(self, filename, extra_state):
+        if os.path.basename(filename) == "crash.pt" and isinstance(sys.exc_info()[1], FloatingPointError):
+            return None  # nothing resumes from a diverged state; its write cost time and disk
+        return save_checkpoint(self, filename, extra_state)
+
+    cls.train_step, cls.save_checkpoint = diverging_train_step, skipping_crash_save
+    cls._fairseq_idpg_diverged = True
+
+
+def _patch_trainer(module):
+    trainer_overflow_without_cuda(module)
+    one_line_divergence(module)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
     "fairseq.optim.fp16_optimizer": fp16_optimizer_on_any_device,
-    "fairseq.trainer": trainer_overflow_without_cuda,
+    "fairseq.trainer": _patch_trainer,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.train": lambda module: one_line_cli_errors(module, "fairseq-train"),
     "fairseq_cli.validate": _patch_validate,
