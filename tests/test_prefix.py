@@ -21,6 +21,7 @@ from conftest import SHARED, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_idpg.blocks.prefix import PREFIX_KEY
+from fairseq_idpg.methods import METHODS
 from fairseq_idpg.models.frozen_roberta import FINGERPRINT_KEY, export_checkpoint
 from fairseq_idpg.models.roberta_blocks import RobertaBlocksModel
 from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
@@ -41,6 +42,37 @@ def test_layer_slices_are_the_reparameterised_prefixes():
     prefix.to_stored()
     assert [n for n, _ in prefix.named_parameters()] == ["kv"] and prefix.kv.numel() == 2 * 3 * 5 * 8
     assert torch.equal(prefix.layer_kv(2)[0], stored[2, 0])
+
+
+def per_layer_prefixes(prefix, layer):
+    """The reparameterisation as it was computed before it ran once per forward: tanh(E W_1 + b_1) and the
+    layer's own rows of W_2 in every layer (the reference the per-forward prefixes must equal)."""
+    h = torch.tanh(prefix.hidden(prefix.embedding.weight))
+    rows = slice(layer * 2 * prefix.dim, (layer + 1) * 2 * prefix.dim)
+    kv = torch.nn.functional.linear(h, prefix.output.weight[rows], prefix.output.bias[rows])
+    return kv[:, : prefix.dim], kv[:, prefix.dim :]
+
+
+def test_prefixes_once_per_forward_give_the_logits_and_gradients_of_per_layer_prefixes(tiny4, monkeypatch):
+    """The MLP runs once per model forward (``PrefixEncoder.begin``): fp32 logits and the MLP's gradients equal
+    those of the per-layer computation within 1e-6 (summation order), and no prefixes outlive the forward."""
+    torch.manual_seed(0)
+    model = build_tiny(tiny4, METHODS["prefix-tuning"]).eval()
+    tokens = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])
+
+    def logits_and_grads():
+        model.zero_grad(set_to_none=True)
+        out = model(tokens, classification_head_name="head")[0]
+        out.sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.prefix_encoder.named_parameters()}
+
+    once, once_grads = logits_and_grads()
+    assert model.prefix_encoder._layers is None
+    monkeypatch.setattr(PrefixEncoder, "layer_kv", per_layer_prefixes)
+    per_layer, per_layer_grads = logits_and_grads()
+    assert torch.allclose(once, per_layer, atol=1e-6, rtol=0)
+    for name, grad in per_layer_grads.items():
+        assert torch.allclose(once_grads[name], grad, atol=1e-6, rtol=1e-5), name
 
 
 def test_attention_with_prefixes_equals_explicit_attention_over_prefixed_keys():

@@ -21,6 +21,14 @@ logger = logging.getLogger(__name__)
 PREFIX_KEY = "prefix_encoder.kv"
 
 
+def _begin_prefixes(model, args):
+    model.prefix_encoder.begin()
+
+
+def _end_prefixes(model, args, output):
+    model.prefix_encoder.end()
+
+
 @register_block("prefix", "Prefix tuning (Li & Liang 2021)", slots=("keys_values",))
 @dataclass
 class PrefixConfig(BlockConfig):
@@ -36,6 +44,9 @@ class PrefixConfig(BlockConfig):
 
     def install(self, model, encoder):
         model.prefix_encoder = PrefixEncoder(encoder.layers, encoder.dim, self.prefix_length, self.prefix_mid_dim)
+        # the prefixes of every layer once per model forward, not once per layer (PrefixEncoder.begin)
+        model.register_forward_pre_hook(_begin_prefixes)
+        model.register_forward_hook(_end_prefixes)
 
     def layer_blocks(self, index, encoder, model):
         return [Attachment("keys_values", "prefix", model.prefix_encoder, owned=False)]

@@ -14,9 +14,13 @@ trainable tensors (and fairseq keeps its optimizer state); an exported checkpoin
 (``models/frozen_roberta.export_checkpoint``) holds the stored form, and the model
 (``models/roberta_blocks.py``) switches to it when it loads one.
 
-``layer_kv(i)`` returns layer i's [l, d] key and value prefixes. In the training form it
-computes only that layer's slice of W_2 (the shared tanh layer, l x d x m, is recomputed per
-layer: small next to the slice itself, and it keeps the module stateless across layers).
+``layer_kv(i)`` returns layer i's [l, d] key and value prefixes: views of all layers' prefixes, which
+the MLP computes once per model forward (``begin``, called by the model before its forward, keeps them;
+``end`` drops them). One MLP per forward, not one per layer: a layer's own slice of W_2 made a
+full-size gradient of W_2 per layer (summed L - 1 times), and tanh(E W_1 + b_1) was recomputed per
+layer; each cost kernel launches of its own on a GPU. The views come from one ``unbind``, whose
+backward is one ``stack`` of the 2 L gradients. Called outside a forward that ``begin`` opened (a
+module alone), ``layer_kv`` computes the prefixes for that call.
 """
 
 import torch
@@ -55,19 +59,31 @@ class PrefixEncoder(nn.Module):
         self.hidden = nn.Linear(dim, mid_dim)
         self.output = nn.Linear(mid_dim, num_layers * 2 * dim)
 
+        self._layers = None  # the prefixes of the forward now running (``begin``)
+
     @property
     def stored(self):
         return "kv" in self._parameters
 
+    def all_layers(self):
+        """Every layer's key and value prefixes, 2 L views [l, d] (layer i's key: 2 i, its value: 2 i + 1)."""
+        if self.stored:
+            return self.kv.view(2 * self.num_layers, self.length, self.dim).unbind(0)
+        kv = self.output(torch.tanh(self.hidden(self.embedding.weight)))  # [l, 2 L d]
+        return kv.view(self.length, 2 * self.num_layers, self.dim).unbind(1)
+
+    def begin(self):
+        """Compute the prefixes of every layer for the model forward that starts (module docstring)."""
+        self._layers = self.all_layers()
+
+    def end(self):
+        """Drop the prefixes of the forward that ended (and so their graph)."""
+        self._layers = None
+
     def layer_kv(self, layer):
         """Key and value prefixes of ``layer`` (0-based): two [l, d] tensors."""
-        if self.stored:
-            return self.kv[layer, 0], self.kv[layer, 1]
-        h = torch.tanh(self.hidden(self.embedding.weight))  # [l, m]
-        width = 2 * self.dim
-        rows = slice(layer * width, (layer + 1) * width)
-        kv = F.linear(h, self.output.weight[rows], self.output.bias[rows])  # [l, 2d]
-        return kv[:, : self.dim], kv[:, self.dim :]
+        layers = self._layers if self._layers is not None else self.all_layers()
+        return layers[2 * layer], layers[2 * layer + 1]
 
     @torch.no_grad()
     def prefixes(self):
@@ -81,6 +97,7 @@ class PrefixEncoder(nn.Module):
         kv = self.prefixes() if kv is None else kv
         for name in ("embedding", "hidden", "output"):
             delattr(self, name)
+        self._layers = None
         self.kv = nn.Parameter(kv)
 
     def extra_repr(self):
