@@ -200,3 +200,27 @@ def test_a_method_logs_its_counted_parameters(caplog):
     trained, total = count_trainable(METHODS["lora"], ROBERTA_BASE), sum(p.numel() for p in model.parameters())
     assert trained == 589_824 and total > 86_000_000
     assert line == f"trainable params: {trained:,} || all params: {total:,} || trainable%: {100 * trained / total:.4f}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gelu_in_the_compute_dtype_gives_fairseqs_logits(tiny, dtype):
+    """The frozen layers' GELU is torch's in the compute dtype, not fairseq's fp32 round trip: fp32 logits are
+    equal, half precision ones within a rounding of the dtype (2 ** -7 for bf16 and 2 ** -10 for fp16, relative)."""
+    from fairseq.utils import get_activation_fn
+
+    model = build(tiny[0]).eval()
+    layers = model.encoder.sentence_encoder.layers
+    assert all(layer.activation_fn is torch.nn.functional.gelu for layer in layers)
+    model.extra.data.normal_()
+    model = model.to(dtype)
+    tokens = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])
+    with torch.no_grad():
+        ours = model(tokens)[0].float()
+        for layer in layers:
+            layer.activation_fn = get_activation_fn("gelu")
+        fairseqs = model(tokens)[0].float()
+    if dtype == torch.float32:
+        assert torch.equal(ours, fairseqs)
+    else:
+        eps = torch.finfo(dtype).eps
+        assert torch.allclose(ours, fairseqs, rtol=eps, atol=eps * fairseqs.abs().max().item())

@@ -26,6 +26,10 @@ tokens unless a subclass says so.
   their training form, with fairseq's optimizer and lr-scheduler state beside them, so a run
   resumes from ``checkpoint_last.pt``; ``export_checkpoint`` writes the form to share or deploy
   (``stored_state_dict``: prefix tuning's 2 L l d prefixes instead of its MLP; no optimizer state).
+- The frozen layers' GELU is ``torch.nn.functional.gelu`` in the compute dtype (``compute_dtype_gelu``):
+  fairseq's casts its input to fp32 and the result back, four casts per layer and step under fp16/bf16
+  (each a kernel launch on a GPU), where torch's own half-precision GELU already computes in fp32 inside
+  the kernel. fp32: the same function, the same values.
 """
 
 import argparse
@@ -34,7 +38,9 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from fairseq.models.roberta import RobertaModel
+from fairseq.utils import get_activation_fn
 
 from fairseq_idpg.data.sentence_representation_cache import cache_key
 from fairseq_idpg.errors import BackboneMismatch, BackboneNotFound, ConfigError
@@ -80,6 +86,15 @@ def load_checkpoint_file(file):
         return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
     except RuntimeError:  # legacy (non-zip) serialization cannot be memory-mapped
         return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def compute_dtype_gelu(layers):
+    """Give ``layers`` (fairseq encoder layers) that use fairseq's GELU torch's, in their compute dtype (module
+    docstring); other activations stay."""
+    fairseq_gelu = get_activation_fn("gelu")
+    for layer in layers:
+        if getattr(layer, "activation_fn", None) is fairseq_gelu:
+            layer.activation_fn = F.gelu
 
 
 def export_checkpoint(src, dst):
@@ -132,6 +147,7 @@ class FrozenBackboneRobertaModel(RobertaModel):
         # the backbone = every tensor the stock model has (tied ones under each name, and
         # buffers); whatever subclasses add later trains
         self.backbone_names = frozenset(name for name, _ in self._named_tensors())
+        compute_dtype_gelu(encoder.sentence_encoder.layers)
 
     @staticmethod
     def add_args(parser):
