@@ -1,6 +1,7 @@
 """``scripts/check_gpu.sh`` / ``python -m fairseq_idpg.check_gpu``: see the package docstring."""
 
 import argparse
+import os
 import shlex
 import shutil
 import sys
@@ -11,15 +12,18 @@ from fairseq_idpg import check_gpu
 from fairseq_idpg.check_gpu import DEFAULT_OUT, DISTRIBUTED_ATOL, DISTRIBUTED_RTOL
 from fairseq_idpg.check_gpu.report import Check, Report, Timing
 from fairseq_idpg.check_gpu.training import DISTRIBUTED_METHOD, FAMILIES, NO_DROPOUT, PRECISION_FLAGS
+from fairseq_idpg.errors import ConfigError, one_line_errors, refuse
 
 # shapes of the training runs and timings: (batch, tokens per sentence, updates)
 GPU_SHAPES, CPU_SHAPES = (16, 128, 6), (4, 16, 3)
 TINY = dict(layers=2, dim=32, heads=4, ffn=64)  # the CPU's backbone when no --model is given
+PROG = "check_gpu.sh"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="scripts/check_gpu.sh", description=check_gpu.__doc__,
+    p = argparse.ArgumentParser(prog=PROG, description=check_gpu.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    one_line_errors(p)
     p.add_argument("--model", help="standin, roberta.base, roberta.large or a folder with model.pt "
                    "(default: roberta.large on a GPU, a tiny random RoBERTa on the CPU)")  # fmt: skip
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"the JSON file (default {DEFAULT_OUT})")
@@ -47,23 +51,49 @@ def parse_args(argv):
         value = getattr(args, flag)
         if value is not None and value < (3 if flag == "tokens" else 1):
             p.error(f"--{flag.replace('_', '-')} must be >= {3 if flag == 'tokens' else 1}, got {value}")
+    wrong_out = out_problem(Path(args.out))
+    if wrong_out:
+        p.error(f"--out {args.out}: {wrong_out}")
     return args
 
 
+def out_problem(out: Path):
+    """Why the report cannot be written to ``out`` (checked before any run), or None."""
+    if out.is_dir():
+        return f"is a folder; give the JSON file to write, e.g. {out / DEFAULT_OUT.name}"
+    folder = out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable; give --out a file in a folder you can write"
+    return None
+
+
 def main(argv=None):
+    """The checks; exit status 0 (passed), 1 (a check failed: a temporary work folder is kept for its logs),
+    2 (refused in one line). A temporary work folder is removed in every other case."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="check_gpu."))
+    code = 2
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        code = run_checks(args, work)
+        return code
+    except ConfigError as e:
+        return refuse(PROG, e)
+    finally:
+        if not args.work_dir and code != 1:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_checks(args, work):
     import torch
 
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="check_gpu."))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        model_dir, model = find_model(args, cuda, work)
-    except SystemExit:
-        if not args.work_dir:
-            shutil.rmtree(work, ignore_errors=True)
-        raise
+    model_dir, model = find_model(args, cuda, work)
     batch, tokens, updates = (
         given if given is not None else default
         for given, default in zip(
@@ -93,9 +123,7 @@ def main(argv=None):
     print("\n" + report.table())
     out = report.write(args.out)
     print(f"\nwrote {out}")
-    if report.passed and not args.work_dir:
-        shutil.rmtree(work, ignore_errors=True)
-    elif not report.passed:
+    if not report.passed:
         print(f"logs kept in {work}")
     print(report.verdict(), flush=True)
     return 0 if report.passed else 1
@@ -150,6 +178,8 @@ def family_runs(report, setup, families, precisions, cuda):
                 continue
             launcher = launcher_command(setup, name, precision)
             result = train_in_process(fairseq_train_argv(launcher, setup.cpu), setup.work / "logs" / f"{check}.log")
+            if result.refused:
+                raise refused_arguments(result.refused, setup.extra)
             status, detail = judge(result, precision, setup.updates, reference)
             if precision == "fp32":
                 reference = [s.get("loss") for s in result.train_inner()] if status == "pass" else None
@@ -158,6 +188,15 @@ def family_runs(report, setup, families, precisions, cuda):
                 report.seconds_per_update.append(Timing(name, precision, setup.batch_size, setup.tokens, seconds))
                 detail += f", {seconds * 1000:.1f} ms/update"
             report.add(Check(check + (" on the CPU" if setup.cpu else ""), status, detail))
+
+
+def refused_arguments(reason, train_args):
+    """fairseq-train refused its arguments: the user's --train-args (most likely), not the device."""
+    if train_args:
+        return ConfigError(f"--train-args {shlex.join(train_args)!r}: fairseq-train refused its arguments ({reason}); "
+                           f"give flags fairseq-train knows (fairseq-train --help), or none")  # fmt: skip
+    return ConfigError(f"fairseq-train refused the check's own arguments ({reason}): a bug of the check, not the "
+                       f"device; please report it")  # fmt: skip
 
 
 def distributed(report, setup, gpus, cuda, skip):
@@ -188,6 +227,8 @@ def distributed(report, setup, gpus, cuda, skip):
         setup.work / "logs" / "dist-2.log",
     )
     failed = next((r for r in (first, second) if r.error), None)
+    if failed is not None and failed.refused:
+        raise refused_arguments(failed.refused, setup.extra)
     if failed is not None:
         report.add(Check(name, "fail", f"{failed.error} (log: {failed.log})"))
         return

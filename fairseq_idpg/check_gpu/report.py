@@ -14,7 +14,6 @@ one-process comparison with Hugging Face PEFT (forward, backward and Adam on the
 only, the same loop for both).
 """
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -72,9 +71,12 @@ class Report:
         }
 
     def write(self, path) -> Path:
+        """Written whole or not at all (a failed write is a ConfigError naming the file)."""
+        from fairseq_idpg.interop.files import write_json
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(self.to_dict(), path)
         return path
 
     def table(self) -> str:

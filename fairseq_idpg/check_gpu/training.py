@@ -24,6 +24,7 @@ back with ``fairseq_idpg.logs.read_log`` and judged here:
 - the run made the updates it was asked for.
 """
 
+import contextlib
 import logging
 import math
 import shlex
@@ -69,6 +70,7 @@ class RunResult:
     log: Path
     entries: list = field(default_factory=list)
     error: Optional[str] = None
+    refused: Optional[str] = None  # fairseq-train refused its arguments (exit status 2): its one-line reason
     seconds: float = 0.0
 
     def train_inner(self):
@@ -111,7 +113,8 @@ def fairseq_train_argv(launcher, cpu):
 
 
 def train_in_process(argv, log):
-    """``fairseq-train ARGV`` in this interpreter; its log goes to ``log`` (not the terminal)."""
+    """``fairseq-train ARGV`` in this interpreter; its log and its stderr (its one-line error: the check says
+    what it means) go to ``log``, not the terminal."""
     from fairseq_cli import train
 
     from fairseq_idpg.logs import read_log
@@ -126,10 +129,11 @@ def train_in_process(argv, log):
     root.setLevel(logging.INFO)
     start = time.monotonic()
     try:
-        train.cli_main()
-    except SystemExit as e:  # compat fix 10: a refused configuration, one line on stderr
+        with open(log, "a", encoding="utf-8") as stderr, contextlib.redirect_stderr(stderr):
+            train.cli_main()
+    except SystemExit as e:  # compat fixes 10 and 13: a refused configuration or a divergence, one line
         if e.code:
-            result.error = f"fairseq-train exited with status {e.code}"
+            result.error, result.refused = _said_in_one_line(e)
     except Exception as e:  # noqa: BLE001  (a failed run is the check's finding, not the check's crash)
         result.error = describe_error(e)
         logging.getLogger("fairseq_idpg.check_gpu").exception("fairseq-train failed")
@@ -140,6 +144,20 @@ def train_in_process(argv, log):
         _release_memory()
     result.entries = read_log(log.read_text(encoding="utf-8", errors="replace"))
     return result
+
+
+def _said_in_one_line(exit):
+    """(error, refused) of fairseq-train's SystemExit: what its one line said (the exception being handled
+    when it exited); ``refused`` is set when it refused its arguments (exit status 2)."""
+    from fairseq_idpg_compat import Diverged, config_error_in
+
+    cause = exit.__context__
+    if isinstance(cause, Diverged):
+        return cause.line(), None
+    refused = config_error_in(cause) if cause is not None else None
+    if exit.code == 2 and refused is not None:
+        return f"fairseq-train refused its arguments: {refused}", " ".join(str(refused).split())
+    return f"fairseq-train exited with status {exit.code}", None
 
 
 def describe_error(error):
@@ -175,6 +193,11 @@ def train_in_subprocess(cmd, log, timeout=1800):
     if code != 0:
         last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
         result.error = f"exit status {code}: {last[0].strip()[:300]}"
+        from fairseq_idpg.run.processes import ONE_LINE_ERROR
+
+        said = ONE_LINE_ERROR.search(last[0])  # the launcher's or fairseq-train's "PROG: error: MESSAGE"
+        if code == 2 and said:
+            result.refused = last[0][said.end() :].strip()
     result.entries = read_log(text)
     return result
 
