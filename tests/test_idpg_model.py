@@ -203,6 +203,34 @@ def test_multi_layer_path_equals_layer_by_layer_reference(backbones, arch, flags
             assert not torch.allclose(model(src, features_only=True)[0][keep], reference[keep], atol=1e-3)
 
 
+def test_slot_rows_and_biases_once_per_forward_keep_logits_and_gradients(backbones, monkeypatch):
+    """M-IDPG finds the prompt slots' rows and unbinds its biases once per forward: fp32 logits and every
+    trained gradient equal those of the per-layer computation (slot rows found after every layer, c_l indexed
+    out of all biases in every layer) within 1e-6."""
+    from fairseq_idpg.modules.prompts import encoder
+
+    torch.manual_seed(4)
+    model = build_tiny(backbones[0], IDPG, idpg_preset="m-idpg-phm").eval()
+    src = batch(PAIRS)
+
+    def logits_and_grads():
+        model.zero_grad(set_to_none=True)
+        out = model(src, classification_head_name="head")[0]
+        out.sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    once, once_grads = logits_and_grads()
+    add_at_slots, generate = encoder.add_at_slots, PromptGenerator.forward
+    monkeypatch.setattr(encoder, "add_at_slots", lambda x, slots, prompt, rows=None: add_at_slots(x, slots, prompt))
+    monkeypatch.setattr(PromptGenerator, "forward", lambda gen, x, index=0, weights=None, biases=None: generate(
+        gen, x, index, weights))  # fmt: skip
+    per_layer, per_layer_grads = logits_and_grads()
+    assert torch.allclose(once, per_layer, atol=1e-6, rtol=0)
+    assert once_grads.keys() == per_layer_grads.keys() and any("biases" in n for n in once_grads)
+    for name, grad in per_layer_grads.items():
+        assert torch.allclose(once_grads[name], grad, atol=1e-6, rtol=1e-5), name
+
+
 # ---------------------------------------------------------------------- training and freezing
 def test_only_prompt_machinery_and_head_train(backbones):
     model = build_tiny(backbones[0], IDPG, idpg_preset="m-idpg-phm")

@@ -325,7 +325,9 @@ class RobertaIdpgModel(PromptedRobertaModel):
         def generate(l, x):
             gen, index = self._plan[l]
             if id(gen) not in per_generator:  # dense W and biases once per forward
-                per_generator[id(gen)] = (gen.weights(), gen.biases())
+                # unbound once: a layer's c_l is then a view whose gradient is one stack of all layers', not a
+                # full-size zero gradient of every bias per layer (what indexing the [K, t*d] tensor makes)
+                per_generator[id(gen)] = (gen.weights(), gen.biases().unbind(0))
             weights, biases = per_generator[id(gen)]
             return gen(x, index, weights=weights, biases=biases)
 

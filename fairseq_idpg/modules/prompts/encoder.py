@@ -15,7 +15,8 @@ prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual pr
 
 The layer loop is fairseq's (``TransformerEncoder.forward_scriptable``) with the addition in
 between; the inserted prompt lengths are the same for every example, so the addition is one
-gather over the batch (no loop over examples or tokens).
+gather over the batch (no loop over examples or tokens), from the slots' prompt rows found once
+per forward (``slot_rows``), not once per layer.
 """
 
 import torch
@@ -23,17 +24,25 @@ import torch
 from .insertion import insert_prompts, insertion_index
 
 
-def add_at_slots(x, slots, prompt):
-    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``.
+def slot_rows(slots, length):
+    """What ``add_at_slots`` reads of ``slots`` [B, T], the same after every layer, so computed once per
+    forward: the prompt row of each position (the j-th slot of a row reads prompt row j) [B, T] and the
+    positions outside the slots [B, T]."""
+    return (slots.cumsum(1) - 1).clamp(0, length - 1), ~slots
+
+
+def add_at_slots(x, slots, prompt, rows=None):
+    """``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C]) at the True entries of ``slots``; ``rows``:
+    ``slot_rows(slots, t)`` when the caller keeps it across layers.
 
     Gather + masked fill, like ``insert_prompts``: a boolean-mask assignment would make CUDA
     wait for the host once per layer."""
     bsz, _, dim = x.shape
     if prompt.dim() == 2:
         prompt = prompt.unsqueeze(0).expand(bsz, -1, -1)
-    prompt_idx = (slots.cumsum(1) - 1).clamp(0, prompt.size(1) - 1)  # j-th slot of a row -> prompt row j
-    rows = torch.gather(prompt.to(x.dtype), 1, prompt_idx.unsqueeze(-1).expand(-1, -1, dim))
-    return x + rows.masked_fill(~slots.unsqueeze(-1), 0)
+    prompt_idx, outside = slot_rows(slots, prompt.size(1)) if rows is None else rows
+    gathered = torch.gather(prompt.to(x.dtype), 1, prompt_idx.unsqueeze(-1).expand(-1, -1, dim))
+    return x + gathered.masked_fill(outside.unsqueeze(-1), 0)
 
 
 def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_prompts=None, filler_idx=None):
@@ -61,13 +70,14 @@ def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_pr
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
     x = x.transpose(0, 1)  # T x B x C
     num_layers = len(enc.layers)
+    rows = slot_rows(slots, prompt.size(-2)) if layer_prompts is not None else None
     for l, layer in enumerate(enc.layers, start=1):
         out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
         x = out[0] if isinstance(out, tuple) else out
         if layer_prompts is not None and l < num_layers:
             p = layer_prompts(l, x.transpose(0, 1))
             if p is not None:
-                x = add_at_slots(x.transpose(0, 1), slots, p).transpose(0, 1)
+                x = add_at_slots(x.transpose(0, 1), slots, p, rows).transpose(0, 1)
     if enc.layer_norm is not None:
         x = enc.layer_norm(x)
     return x.transpose(0, 1), slots

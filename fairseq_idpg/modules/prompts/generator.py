@@ -103,8 +103,8 @@ class PromptGenerator(nn.Module):
         """Prompt P_index: [B, t, d] from the generator input x [B, d_in] (already dropped out
         for M(x); a layer's ``<s>`` state as is).
 
-        ``weights`` / ``biases``: from ``weights()`` / ``self.biases()`` when the caller reuses
-        them across layers."""
+        ``weights`` / ``biases``: from ``weights()`` / ``self.biases()`` (or its rows, unbound) when the
+        caller reuses them across layers."""
         biases = self.biases() if biases is None else biases
         c = biases[index]
         W1, b1, W2 = self.weights() if weights is None else weights
