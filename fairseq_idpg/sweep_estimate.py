@@ -224,7 +224,7 @@ def run_seconds(run, p, model, found, device):
     other = "" if device_kind(m.device) == device_kind(device) else f" (this sweep: {device})"
     source = (f"{m.source}: {m.device}, {m.model}, {prec_note}, {how} at batch {m.batch_size} x "
               f"{m.tokens_per_sample} tokens = {m.seconds:.4g} s/update{other}")  # fmt: skip
-    return p.config["updates"] * per_update, source, tokens is not None
+    return p.config["updates"] * per_update, source, tokens is not None, m
 
 
 # ---------------------------------------------------------------------------------------- the estimate
@@ -239,6 +239,7 @@ class Row:
     longest: float = 0.0  # the longest run's seconds
     source: str = ""
     unprepared: int = 0  # runs whose tokens per sample are the measurement's
+    measured_on: tuple = ()  # (file, device) of the measurement its hours scale
 
 
 def estimate(plans, model, found, device):
@@ -254,7 +255,8 @@ def estimate(plans, model, found, device):
             row.source = (f"no measurement for model {model} on this device ({device}): "
                           f"run scripts/check_gpu.sh --model {model}")  # fmt: skip
         elif row.seconds is not None:
-            seconds, row.source, own_tokens = share
+            seconds, row.source, own_tokens, m = share
+            row.measured_on = (m.source, m.device)
             row.seconds += seconds
             row.longest = max(row.longest, seconds)
             row.unprepared += not own_tokens
@@ -280,9 +282,23 @@ def wall_time(total, longest, slots, where):
             "last run ends)")  # fmt: skip
 
 
+def measured_where(rows):
+    """One line saying where the per-update times come from: which files, measured on which devices, and, for
+    a CPU measurement, that the hours are a CPU's (the GPU check's file gives a GPU's)."""
+    places = dict.fromkeys(r.measured_on for r in rows if r.measured_on)
+    if not places:
+        return "per-update times: none measured for these runs"
+    shown = "; ".join(f"{file}, measured on {device}" for file, device in places)
+    if all(device_kind(device) == "cpu" for _, device in places):
+        return (f"per-update times: CPU measurements ({shown}) scaled to each run: these are CPU-hours, not a "
+                "GPU's; for GPU-hours give --timings FILE (scripts/check_gpu.sh's file from the GPU machine; "
+                f"{_shown(GPU_CHECKS)}/ holds an NVIDIA H200's) or run the dry run on the GPU machine")  # fmt: skip
+    return f"per-update times: {shown}; scaled to each run's batch and tokens"
+
+
 def report(rows, slots, where):
     """The estimate's lines: per label, the total, the wall time at ``slots`` parallel runs, the notes."""
-    lines = ["estimate (device-hours from measured seconds per update; source per row):",
+    lines = ["estimate (device-hours from measured seconds per update; source per row):", measured_where(rows),
              f"  {'method':24} {'runs':>6} {'updates':>13} {'device-hours':>13}  source"]  # fmt: skip
     for r in rows:
         shown = hours(r.seconds) if r.seconds is not None else "-"

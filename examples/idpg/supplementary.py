@@ -149,7 +149,7 @@ def main(argv=None):
     p.add_argument("--method", default="s-idpg-phm", help="an IDPG method of fairseq_idpg/methods.py (s-idpg-phm)")
     p.add_argument("--model", default="standin", help="standin, roberta.base, roberta.large or a model folder")
     p.add_argument("--double", action="store_true", help="MNLI doubled by swapping the two sentences")
-    p.add_argument("--mnli-raw", help="MNLI's raw folder (default $GLUE_DIR/MNLI or ../shared/data)")
+    p.add_argument("--mnli-raw", help="MNLI's raw folder (default: $GLUE_DIR/MNLI, then data/glue/MNLI)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", default=str(REPO), help="run.sh's --work-dir (default: the checkout)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
