@@ -8,7 +8,7 @@ nothing but ``dataclasses`` and ``sys.meta_path``: the fixes of fairseq modules 
 right after those modules load (a post-import hook), so processes that never import
 fairseq pay nothing.
 
-One fix per trap, each tested in ``tests/test_compat.py``:
+One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/test_faults_training.py``):
 
 1. ``dataclass_identity_hash``: Python 3.11 rejects a dataclass field whose default is an
    unhashable object; fairseq's ``FairseqConfig`` uses instances of other config
