@@ -149,3 +149,18 @@ def test_compacter_trains_and_validates_end_to_end(tmp_path, glue_slices, standi
     # the hub, from the raw dev sentences, reproduces the prepared tokens and what fairseq-validate's model predicts
     assert_hub_agrees_with_validation(save, "RTE", SHARED / "data" / "glue" / "RTE")
     assert 0.0 < results["results"]["valid"]["accuracy"] < 100.0  # a score, as a number
+
+
+def test_houlsby_adapter_multiplies_by_no_scale_of_one():
+    """s = 1 (Houlsby's adapter) launches no multiply and gives the values of s * f exactly; another s still
+    scales."""
+    from fairseq_idpg.launches import count_launches
+    from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 8)
+    houlsby, scaled = BottleneckAdapter(8, 4).eval(), BottleneckAdapter(8, 4, scale=2.0).eval()
+    scaled.load_state_dict(houlsby.state_dict())
+    assert "mul" not in count_launches(lambda: houlsby(x), trace=False).by_op
+    unscaled = houlsby.up(torch.relu(houlsby.down(x)))
+    assert torch.equal(houlsby(x), unscaled * 1.0) and torch.equal(scaled(x), unscaled * 2.0)

@@ -59,7 +59,8 @@ class BottleneckAdapter(nn.Module):
 
     def forward(self, x):
         h = self.dropout(F.relu(self.down(x)))
-        return self.up(h) * self.scale
+        # s = 1 (Houlsby's adapter): no multiply, one kernel launch less each way per adapter on a GPU
+        return self.up(h) if self.scale == 1.0 else self.up(h) * self.scale
 
     def extra_repr(self):
         return f"scale={self.scale}"
