@@ -27,13 +27,28 @@ Computation (x: [T, B, d], time first as in fairseq; heads laid out [B, H, T, d_
 
 The explicit path builds the same T x T tensors as fairseq's own non-fused attention (scores,
 masked scores, float32 softmax, dropout); the inducer adds only [B, H, T] vectors.
+
+Every layer of a forward gets the same padding-mask tensor, so what is derived from it (the mask widened
+by the prefixes, SDPA's boolean mask) is built once per forward, for the first layer, and kept while that
+tensor lives (``derived_mask``), not rebuilt in every layer (a kernel launch each on a GPU).
 """
 
 import torch
 import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..slots import ATTENTION_SLOTS, Slots
+
+_DERIVED_MASKS = WeakTensorKeyDictionary()  # padding mask -> {what: mask derived from it} (module docstring)
+
+
+def derived_mask(padding_mask, what, build):
+    """``build()``, the mask ``what`` derived from ``padding_mask``, built once while ``padding_mask`` lives."""
+    masks = _DERIVED_MASKS.setdefault(padding_mask, {})
+    if what not in masks:
+        masks[what] = build()
+    return masks[what]
 
 
 class AugmentedSelfAttention(Slots, MultiheadAttention):
@@ -73,13 +88,13 @@ class AugmentedSelfAttention(Slots, MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, dim = query.shape
         q, k, v = self._heads(query)  # [B, H, T, d_h]
-        pad = key_padding_mask.bool() if key_padding_mask is not None else None
-        k, v, pad, attn_mask = self._prepend_prefixes(k, v, pad, attn_mask, q.dtype)
+        k, v, attn_mask, length = self._prepend_prefixes(k, v, attn_mask, q.dtype)
+        pad = self._padding(key_padding_mask, length)
         dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
 
         output_blocks = self.attached("attention_output")
         if not output_blocks and not need_weights:  # nothing reads the scores: torch's fused attention
-            mask = self._fused_mask(q, k, pad, attn_mask)
+            mask = self._fused_mask(q, k, pad, attn_mask, key_padding_mask, length)
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
             weights, deltas = None, []
         else:
@@ -98,10 +113,11 @@ class AugmentedSelfAttention(Slots, MultiheadAttention):
         q, k, v = (self._project(slot, x) for slot in ("q", "k", "v"))
         return tuple(t.view(tgt_len, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3) for t in (q, k, v))
 
-    def _prepend_prefixes(self, k, v, pad, attn_mask, dtype):
+    def _prepend_prefixes(self, k, v, attn_mask, dtype):
         """k, v [B, H, S, d_h] with each keys_values block's prefixes (cast to ``dtype``, the queries') in
-        front; the padding mask [B, S] and attn_mask [T, S] widened to match (prefixes are never masked)."""
+        front, attn_mask [T, S] widened to match (prefixes are never masked), and the prefixes' length."""
         bsz, heads, _, head_dim = k.shape
+        total = 0
         for block in self.attached("keys_values"):
             pk, pv = block.layer_kv(self.layer_index)  # [l, d] each
             length = pk.size(0)
@@ -109,23 +125,35 @@ class AugmentedSelfAttention(Slots, MultiheadAttention):
                 p.to(dtype).view(length, heads, head_dim).transpose(0, 1).expand(bsz, -1, -1, -1) for p in (pk, pv)
             )  # [B, H, l, d_h]
             k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-            if pad is not None:
-                pad = torch.cat([pad.new_zeros(bsz, length), pad], dim=1)
             if attn_mask is not None:
                 attn_mask = torch.cat([attn_mask.new_zeros(attn_mask.size(0), length), attn_mask], dim=1)
-        return k, v, pad, attn_mask
+            total += length
+        return k, v, attn_mask, total
 
     @staticmethod
-    def _fused_mask(q, k, pad, attn_mask):
+    def _padding(key_padding_mask, length):
+        """The padding mask [B, S] as booleans, widened by ``length`` prefix positions in front (never masked);
+        None without one. Built once per forward (``derived_mask``)."""
+        if key_padding_mask is None:
+            return None
+
+        def build():
+            pad = key_padding_mask.bool()
+            return torch.cat([pad.new_zeros(pad.size(0), length), pad], dim=1) if length else pad
+
+        return derived_mask(key_padding_mask, ("padding", length), build)
+
+    @staticmethod
+    def _fused_mask(q, k, pad, attn_mask, key_padding_mask, length):
         """SDPA's mask: attn_mask (additive [T, S]; fairseq converts masks to large negatives) with padded
-        keys at -inf, or the padding alone as a boolean mask (True = attend), or None."""
+        keys at -inf, or the padding alone as a boolean mask (True = attend; once per forward), or None."""
         if attn_mask is not None:
             mask = attn_mask.to(q.dtype)[None, None].expand(q.size(0), 1, q.size(2), k.size(2))
             if pad is not None:
                 mask = mask.masked_fill(pad[:, None, None, :], float("-inf"))
             return mask
         if pad is not None:
-            return ~pad[:, None, None, :]
+            return derived_mask(key_padding_mask, ("attend", length), lambda: ~pad[:, None, None, :])
         return None
 
     def _explicit_attention(self, q, k, v, pad, attn_mask, dropout_p):
