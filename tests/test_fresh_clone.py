@@ -145,3 +145,34 @@ def test_the_main_job_on_a_fresh_offline_clone_without_shared_data(tmp_path, sta
     valid = in_clone(root, score)
     assert valid.returncode == 0, (valid.stdout + valid.stderr)[-3000:]
     assert re.search(r"valid on 'valid' subset .*accuracy", valid.stdout + valid.stderr)
+
+
+def test_no_data_and_no_download_is_the_sample_on_the_standin_and_an_error_otherwise(checkout, monkeypatch, capsys):
+    import importlib
+
+    from fairseq_idpg.preprocessing import get_task
+
+    prepared = importlib.import_module("fairseq_idpg.run.prepared")  # the package exports a function of its name
+    monkeypatch.setattr(prepared, "SAMPLE_DIR", checkout / "data" / "sample")
+    tried = []
+
+    def offline_download(cmd, log):
+        tried.append([str(c) for c in cmd][2:])
+        raise RunError("command failed with exit code 1: download.py")
+
+    monkeypatch.setattr(prepared, "call", offline_download)
+    try:
+        layout.raw_dir("RTE")
+    except RunError as e:
+        not_found = e
+    with pytest.raises(RunError, match=r"raw data for RTE not found; looked in .*; the download failed"):
+        prepared.fetch_raw("RTE", "roberta.large", not_found)
+    assert not (checkout / "data" / "sample").exists()  # a real model never trains on made-up data
+    sample = prepared.fetch_raw("RTE", "standin", not_found)
+    assert tried == [["glue", "--tasks", "RTE"]] * 2
+    assert sample == checkout / "data" / "sample" / "glue" / "RTE"
+    assert [len(get_task("RTE").read(sample / name)) for name in ("train.tsv", "dev.tsv")] == [400, 100]
+    assert "training on made-up sample data" in capsys.readouterr().err
+    before = (sample / "train.tsv").read_bytes()
+    assert prepared.fetch_raw("RTE", "standin", not_found) == sample  # made once, the same bytes
+    assert (sample / "train.tsv").read_bytes() == before
