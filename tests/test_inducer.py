@@ -244,3 +244,24 @@ def test_mam_inducer_trains_and_validates_end_to_end(tmp_path, glue_slices, stan
     # the hub, from the raw dev sentences, reproduces the prepared tokens and what fairseq-validate's model predicts
     assert_hub_agrees_with_validation(save, "RTE", SHARED / "data" / "glue" / "RTE")
     assert 0.0 < results["results"]["valid"]["accuracy"] < 100.0  # a score, as a number
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_inducer_scores_and_lambda_promote_inside_their_kernels_as_the_casts_did(dtype):
+    """s and lse are promoted to float32 inside the multiply and the subtraction, not by casts of their own: the
+    values of the explicit casts exactly, in every dtype."""
+    from fairseq_idpg.modules.attention.inducer import Inducer
+
+    torch.manual_seed(0)
+    inducer = Inducer(16, 4, key_rank=2, value_rank=2, lambda_dropout=0.0).to(dtype).eval()
+    q = torch.randn(2, 4, 5, 4, dtype=dtype)
+    scores = torch.randn(2, 4, 5, 7, dtype=dtype)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    h = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, inducer.key_A) + inducer.key_a[:, None])
+    k = q + torch.einsum("bhtr,hrd->bhtd", h, inducer.key_B) + inducer.key_b[:, None]
+    with torch.no_grad():
+        assert torch.equal(inducer.inducer_scores(q, 0.5), (q.float() * k.float()).sum(-1) * 0.5)
+        _, delta = inducer.attend(q, torch.zeros_like(q), scores, scores, probs, None, 0.5)
+        lse = scores.max(dim=-1).values.float() - torch.log(probs.max(dim=-1).values)
+        lam = torch.sigmoid(inducer.inducer_scores(q, 0.5) - lse).to(dtype)
+        assert torch.equal(delta, inducer.extended_delta(inducer.value_hidden(q), lam))

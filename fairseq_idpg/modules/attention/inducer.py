@@ -111,7 +111,8 @@ class Inducer(nn.Module):
         """
         if self.mask_lambda or pad is None:
             # logsumexp of the masked scores from the softmax already computed (module docstring)
-            lse = scores.max(dim=-1).values.to(probs.dtype) - torch.log(probs.max(dim=-1).values)
+            # the subtraction promotes the max to probs' dtype inside its kernel (exact): no cast of its own
+            lse = scores.max(dim=-1).values - torch.log(probs.max(dim=-1).values)
         else:  # the released code: padded keys stay in lambda's normaliser
             lse = torch.logsumexp(raw_scores.to(probs.dtype), dim=-1)
         lam = self.gate(self.inducer_scores(q, scaling), lse, q.dtype)  # [B, H, T]
@@ -130,7 +131,8 @@ class Inducer(nn.Module):
             h = torch.tanh(torch.einsum("bhtd,hdr->bhtr", q, self.key_A.to(q.dtype)) + self.key_a.to(q.dtype)[:, None])
             k = q + torch.einsum("bhtr,hrd->bhtd", h, self.key_B.to(q.dtype)) + self.key_b.to(q.dtype)[:, None]
         acc = torch.promote_types(q.dtype, torch.float32)  # |q|^2 summed over d_h: keep fp16 from overflowing
-        return (q.to(acc) * k.to(acc)).sum(-1) * scaling
+        # k is promoted to acc inside the multiply (exact, as a cast would be): one cast kernel less
+        return (q.to(acc) * k).sum(-1) * scaling
 
     def gate(self, s, lse, dtype):
         """lambda = Dropout(sigmoid(s - lse)), computed in (at least) float32; returned in ``dtype``."""
