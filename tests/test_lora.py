@@ -102,3 +102,27 @@ def test_frozen_projection_gets_no_gradient(tiny):
     attention = model.encoder.sentence_encoder.layers[0].self_attn
     assert attention.q_proj.weight.grad is None and isinstance(attention.q_proj, nn.Linear)
     assert attention.lora_q.A.grad is not None and attention.lora_q.B.grad.abs().sum() > 0
+
+
+def test_scaling_as_the_adds_alpha_keeps_the_logits_and_gradients(tiny, monkeypatch):
+    """The slot adds the update with the scaling as ``torch.add``'s alpha (one launch, not a multiply and an
+    add): fp32 logits and LoRA gradients equal those of y + (alpha / r) B A x within 1e-6 (one rounding less)."""
+    model = build_tiny(tiny, "roberta_blocks", blocks_preset="lora").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name and name.endswith(".B"):
+                p.normal_(0, 0.5)
+    tokens = torch.tensor([[0, 5, 6, 7, 8, 2], [0, 9, 10, 2, 1, 1]])
+
+    def logits_and_grads():
+        model.zero_grad(set_to_none=True)
+        out = model(tokens, classification_head_name="head")[0]
+        out.sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if ".lora_" in n}
+
+    fused, fused_grads = logits_and_grads()
+    monkeypatch.setattr(LoRA, "project", lambda lora, x, y: y + lora(x))
+    separate, separate_grads = logits_and_grads()
+    assert torch.allclose(fused, separate, atol=1e-6, rtol=0)
+    for name, grad in separate_grads.items():
+        assert torch.allclose(fused_grads[name], grad, atol=1e-6, rtol=1e-5), name

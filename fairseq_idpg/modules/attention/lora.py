@@ -39,13 +39,18 @@ class LoRA(nn.Module):
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x):
+    def unscaled(self, x):
+        """``Dropout(x) A^T B^T``, before the scaling alpha / r."""
         h = F.linear(self.dropout(x), self.A.to(x.dtype))
-        return F.linear(h, self.B.to(x.dtype)) * self.scaling
+        return F.linear(h, self.B.to(x.dtype))
+
+    def forward(self, x):
+        return self.unscaled(x) * self.scaling
 
     def project(self, x, y):
-        """The ``q`` / ``v`` slot of ``AugmentedSelfAttention``: y = W x + b + (alpha / r) B A x."""
-        return y + self(x)
+        """The ``q`` / ``v`` slot of ``AugmentedSelfAttention``: y = W x + b + (alpha / r) B A x; the scaling is
+        the add's ``alpha`` (one kernel, where a multiply and an add were two launches)."""
+        return torch.add(y, self.unscaled(x), alpha=self.scaling)
 
     def delta_weight(self):
         """The update as a dense matrix [out_features, in_features] (the ``nn.Linear`` layout)."""
