@@ -58,6 +58,7 @@ setup(
         "submitit",  # sweeps on Slurm (fairseq_idpg/sweep.py --executor slurm)
         "pandas",  # python -m fairseq_idpg.results
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
+        "tensorboardX",  # fairseq's --tensorboard-logdir (without it every fairseq command asks for it)
     ],
     package_data={"fairseq_idpg": ["published/*.yaml", "run/settings_before_hashing.json"]},
     # peft: scripts/check_gpu.sh times our LoRA / prompt tuning against Hugging Face PEFT's.

@@ -54,7 +54,9 @@ class AdamHeadLr(FairseqAdam):
 
     def __init__(self, cfg, params):
         params = list(params)
-        if cfg.head_lr is None or not cfg.head_lr > 0:
+        if cfg.head_lr is None:
+            raise ConfigError("--optimizer adam_head_lr needs --head-lr (the classification head's learning rate)")
+        if not cfg.head_lr > 0:
             raise ConfigError(f"--head-lr must be > 0 (the classification head's learning rate), got {cfg.head_lr}")
         head = [p for p in params if getattr(p, "param_group", None) == HEAD]
         own = [p for p in params if getattr(p, "param_group", None) != HEAD]

@@ -49,6 +49,7 @@ see fairseq_idpg/sweep_estimate.py and docs/sweeps.md).
 import argparse
 import itertools
 import json
+import math
 import os
 import queue
 import re
@@ -142,13 +143,17 @@ class Spec:
     runs: List[Run] = field(default_factory=list)
 
 
-def _list(value, where, kind):
+def _list(value, where, kind, least=None):
+    """``value`` as a list whose items are each of ``kind`` (int: at least ``least``, when given)."""
     values = value if isinstance(value, list) else [value]
     for v in values:
         if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-            raise SweepError(f"{where}: {v!r} is not an integer")
+            valid = f" (valid: integers >= {least})" if least is not None else ""
+            raise SweepError(f"{where}: {v!r} is not an integer{valid}")
+        if kind is int and least is not None and v < least:
+            raise SweepError(f"{where}: {v!r} is too small (valid: integers >= {least})")
         if kind is float and not _positive(v):
-            raise SweepError(f"{where}: {v!r} is not a positive number")
+            raise SweepError(f"{where}: {v!r} is not a positive number (valid: finite numbers > 0, e.g. 1e-3)")
         if kind is str and not isinstance(v, str):
             raise SweepError(f"{where}: {v!r} is not a name")
     return values
@@ -157,7 +162,7 @@ def _list(value, where, kind):
 def _positive(value):
     """YAML 1.1 reads 5e-3 as text (a float needs a dot there): numbers in either form."""
     try:
-        return not isinstance(value, bool) and float(value) > 0
+        return not isinstance(value, bool) and math.isfinite(float(value)) and float(value) > 0  # not .inf, .nan
     except (TypeError, ValueError):
         return False
 
@@ -184,7 +189,9 @@ def _few_shot(value, tasks, where):
     ``{default: [100, 500, 1000], CR: [100, 500, 775]}`` (lists of one length): the i-th K of every
     task shares a table, named ``K=1000 (CR: 775)`` where a task's K differs from the default."""
     per_task = value if isinstance(value, dict) else {"default": value}
-    per_task = {k if k == "default" else _task(k, where): _list(v, f"{where} ({k})", int) for k, v in per_task.items()}
+    per_task = {
+        k if k == "default" else _task(k, where): _list(v, f"{where} ({k})", int, least=1) for k, v in per_task.items()
+    }
     default = per_task.get("default")
     if default is None:
         missing = [t for t in tasks if t not in per_task]
@@ -234,9 +241,9 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
         run_tasks = [_task(t, where) for t in _list(variant["tasks"], where, str)] if "tasks" in variant else all_tasks
         updates = variant.get("max_update", data.get("max_update"))
         if updates is not None:
-            _list(updates, f"{where}: max_update", int)
+            _list(updates, f"{where}: max_update", int, least=1)
         common = {
-            "seeds": [s for s in _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int)
+            "seeds": [s for s in _list(variant.get("seeds", data.get("seeds", [1])), f"{where}: seeds", int, least=0)
                       if not seeds or s in seeds],
             "lrs": variant.get("lrs", data.get("lrs")),
             "head_lrs": _head_lrs(variant.get("head_lrs", data.get("head_lrs")), f"{where}: head_lrs"),
@@ -285,7 +292,7 @@ def _budgets(budget, tasks, path):
         raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
     data_seed = budget.get("data_seed", "seed")
     if data_seed != "seed":
-        _list(data_seed, f"{path}: budget.data_seed", int)
+        _list(data_seed, f"{path}: budget.data_seed", int, least=0)
     if "few_shot" in budget:
         few_shot = _few_shot(budget["few_shot"], tasks, f"{path}: budget.few_shot")
 
@@ -296,6 +303,7 @@ def _budgets(budget, tasks, path):
 
         return per_task
     if "dev_from_train" in budget:
+        _list(budget["dev_from_train"], f"{path}: budget.dev_from_train", int, least=1)
         return lambda task, where: [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
     raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
 
@@ -481,22 +489,24 @@ def tail(path, lines=20):
 
 # ---------------------------------------------------------------------------------------- progress
 class SweepProgress:
-    """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change."""
+    """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change, and
+    while runs train, every ``every`` seconds of silence a line per running run with its update and eta
+    (read from the run's log: run.sh's own ``| eta`` lines)."""
 
-    def __init__(self, name, total, cached, slots, clock=time.monotonic):
+    def __init__(self, name, total, cached, slots, clock=time.monotonic, every=60):
         self.name, self.total, self.cached, self.slots, self.clock = name, total, cached, slots, clock
         self.done, self.running, self.failed, self.durations = cached, 0, 0, []
         self.diverged = 0  # of the done: results without a score (a NaN or inf loss), not failures
         self.in_use = 0  # skipped: another process (another sweep, run.sh) holds the run folder and records it
         self.damaged = 0  # skipped: a damaged results.json or config.json (said when found)
         self.lock = threading.Lock()
+        self.every, self.said = every, clock()
+        self.watched = {}  # run name -> (its log, when it started)
 
     def line(self):
         left = self.total - self.done - self.running - self.failed - self.in_use - self.damaged
-        eta = "?"
-        if self.durations:
-            per_run = sum(self.durations) / len(self.durations)
-            eta = format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
+        per_run = self._seconds_per_run()
+        eta = "?" if per_run is None else format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
         return (
             f"[sweep {self.name}] {self.done}/{self.total} done ({self.cached} cached"
             + (f", {self.diverged} diverged" if self.diverged else "")
@@ -505,6 +515,14 @@ class SweepProgress:
             + (f"{self.damaged} damaged, " if self.damaged else "")
             + f"{left} left, eta {eta}"
         )
+
+    def _seconds_per_run(self):
+        """The mean of the finished runs' times; before any: a running run's time so far plus its eta."""
+        if self.durations:
+            return sum(self.durations) / len(self.durations)
+        now = self.clock()
+        guesses = [now - since + eta for _, since, _, eta in self._running_states() if eta is not None]
+        return sum(guesses) / len(guesses) if guesses else None
 
     def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0, damaged=0):
         with self.lock:
@@ -516,7 +534,56 @@ class SweepProgress:
             self.failed += failed
             if seconds is not None:
                 self.durations.append(seconds)
-            print(self.line() + (f"  {note}" if note else ""), flush=True)
+            self._say(self.line() + (f"  {note}" if note else ""))
+
+    def _say(self, text):
+        self.said = self.clock()
+        print(text, flush=True)
+
+    def watch(self, name, log):
+        with self.lock:
+            self.watched[name] = (Path(log), self.clock())
+
+    def unwatch(self, name):
+        with self.lock:
+            self.watched.pop(name, None)
+
+    def _running_states(self):
+        """(name, started, its last ``update N/M`` or None, its eta in seconds or None) of each watched run."""
+        for name, (log, since) in list(self.watched.items()):
+            update, eta = run_log_progress(log)
+            yield name, since, update, eta
+
+    def heartbeat(self):
+        """After ``every`` seconds without a line: one line per running run (its update and eta), then the total."""
+        with self.lock:
+            if not self.watched or self.clock() - self.said < self.every:
+                return
+            now = self.clock()
+            for name, since, update, eta in self._running_states():
+                where = f"update {update}" if update else "starting"
+                left = f", eta {format_duration(eta)}" if eta is not None else ""
+                print(f"  running {name}: {where}{left} ({format_duration(now - since)} so far)", flush=True)
+            self._say(self.line())
+
+
+RUN_LOG_PROGRESS = re.compile(r'num_updates"?[=: ]+"?(\d+).*\| eta (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?')
+
+
+def run_log_progress(log, tail=16384):
+    """(the update, the seconds left) of a run's last ``| eta`` line in its log, or (None, None)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None, None
+    for line in reversed(lines):
+        found = RUN_LOG_PROGRESS.search(line)
+        if found:
+            h, m, s = (int(x or 0) for x in found.group(2, 3, 4))
+            return int(found.group(1)), h * 3600 + m * 60 + s
+    return None, None
 
 
 # ---------------------------------------------------------------------------------------- local executor
@@ -597,7 +664,11 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         run, p = item
         argv = [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)]
         progress.update(started=1, note=f"start {run.name}")
-        outcome = executor.run_one(run, argv, free)
+        progress.watch(run.name, Path(sweep_dir) / "logs" / f"{run.name}.log")
+        try:
+            outcome = executor.run_one(run, argv, free)
+        finally:
+            progress.unwatch(run.name)
         if outcome is None:
             progress.update(started=-1)
             return
@@ -624,7 +695,7 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
                     f.result(timeout=0.5)  # a short wait: Ctrl-C is seen at once
                     break
                 except TimeoutError:
-                    continue
+                    progress.heartbeat()
     except KeyboardInterrupt:
         executor.stop()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -139,7 +139,7 @@ def test_fp16_keeps_the_head_apart_and_a_flat_master_copy_is_refused(dpt):
 @pytest.mark.parametrize(
     "head_lr, marked, message",
     [
-        (None, True, "--head-lr must be > 0 (the classification head's learning rate), got None"),
+        (None, True, "--optimizer adam_head_lr needs --head-lr (the classification head's learning rate)"),
         (-1.0, True, "--head-lr must be > 0 (the classification head's learning rate), got -1.0"),
         (1e-3, False, "--head-lr: none of the 3 trained tensors is the classification head's"),
     ],

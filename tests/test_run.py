@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from lock_support import held_by_another_process
+from run_support import RUN_SH, SMALL, finish, start, trained, write_slice
 
 from fairseq_idpg import layout
 from fairseq_idpg import run as main_job
@@ -26,10 +27,9 @@ from fairseq_idpg.methods import FINETUNE_TABLE, METHODS
 from fairseq_idpg.run import backbone, execution
 from fairseq_idpg.run.execution import InUse, checkpoint_updates, divergence
 from fairseq_idpg.run.prepared import prepare_if_needed
-from fairseq_idpg.run.processes import TrainingEta, tee
+from fairseq_idpg.run.processes import ConsoleFilter, TrainingEta, tee
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_SH = REPO / "scripts" / "run.sh"
 
 
 def dry_run(capsys, tmp_path, *args):
@@ -279,20 +279,55 @@ def test_scores_are_numbers():
 
 
 # ---------------------------------------------------------------------------------------- live output
-def test_eta_from_the_rate_of_updates():
-    clock = iter([100.0, 110.0, 130.0, 160.0]).__next__
+def test_eta_from_the_rate_of_updates_and_the_validation_rounds_left():
+    clock = iter([100.0, 110.0, 112.0, 122.0, 150.0, 160.0]).__next__
     progress = TrainingEta(100, clock=clock)
     assert progress.annotate("epoch 001:  10 / 50 loss=1, num_updates=10, wall=20") == (
-        "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s"  # 90 left x 20 s / 10 (fairseq's wall)
+        # 90 left x 20 s / 10 (fairseq's wall); no validation round timed yet
+        "epoch 001:  10 / 50 loss=1, num_updates=10, wall=20 | eta 3m00s + validation"
     )
-    assert progress.annotate("num_updates=20, wall=30").endswith("| eta 1m20s")  # 10 s per 10 updates seen
+    assert progress.annotate("num_updates=20, wall=30").endswith("| eta 1m20s + validation")  # 10 s per 10 seen
+    # a validation round at update 20 takes 10 s: one every 20 updates from now on, and the last at 100
+    assert progress.annotate('x | fairseq_cli.train | begin validation on "valid" subset') == (
+        'x | fairseq_cli.train | begin validation on "valid" subset'
+    )
     assert progress.annotate("valid on 'valid' subset | num_updates 20") == "valid on 'valid' subset | num_updates 20"
-    assert progress.annotate("train | epoch 001 | num_updates 40 | wall 60").endswith("| eta 1m00s")  # 30 s / 30
+    # (150 - 100 - 10 s validating) / 40 updates = 1 s an update: 50 s, plus rounds at 60, 80, 100: 30 s
+    assert progress.annotate("train | epoch 001 | num_updates 50 | wall 60").endswith("| eta 1m20s")
     # --log-format json, as run.py trains: training lines annotated, validation lines not
-    json_line = 'x | train_inner | {"epoch": 1, "loss": "0.7", "num_updates": "70", "wall": "90"}'
-    assert progress.annotate(json_line).endswith("| eta 30s")  # 30 left x 60 s / 60
+    json_line = 'x | train_inner | {"epoch": 1, "loss": "0.7", "num_updates": "90", "wall": "90"}'
+    assert progress.annotate(json_line).endswith("| eta 16s")  # 50 s / 80 x 10 left, + the last round
     valid = 'x | valid | {"epoch": 1, "valid_accuracy": "70", "valid_num_updates": "70"}'
     assert progress.annotate(valid) == valid
+
+
+def test_the_terminal_gets_fairseqs_progress_and_train_log_its_setup(capsys):
+    """fairseq-train's lines as run.sh shows them: progress, checkpoints, warnings of its logger and errors
+    shown; its configuration, model repr, data loading and Python warnings left to train.log, said once."""
+    lines = [
+        "2026-11-26 16:14:19 | INFO | fairseq_cli.train | {'_name': None, 'common': {'_name': None}}",
+        "2026-11-26 16:14:20 | INFO | fairseq_idpg.models.frozen_roberta | trainable params: 147,456 || all",
+        "2026-11-26 16:14:20 | INFO | fairseq_cli.train | RobertaBlocksModel(",
+        "  (encoder): RobertaEncoder(",
+        "  )",
+        ")",
+        "2026-11-26 16:14:20 | INFO | fairseq.data.data_utils | loaded 64 examples from: data/input0/valid",
+        "/usr/lib/python3/torch/utils/data/dataloader.py:759: UserWarning: 'pin_memory' argument is set",
+        "  super().__init__(loader)",
+        '2026-11-26 16:14:22 | INFO | train_inner | {"epoch": 1, "loss": "1.028", "num_updates": "1"}',
+        '2026-11-26 16:14:23 | INFO | fairseq_cli.train | begin validation on "valid" subset',
+        '2026-11-26 16:14:25 | INFO | valid | {"epoch": 1, "valid_accuracy": "59.4", "valid_num_updates": "3"}',
+        "2026-11-26 16:14:25 | INFO | fairseq.trainer | Saving checkpoint to x/checkpoint_1_3.pt",
+        "2026-11-26 16:14:25 | INFO | fairseq.checkpoint_utils | Saved checkpoint x/checkpoint_1_3.pt (epoch 1 @ 3",
+        "2026-11-26 16:14:25 | WARNING | fairseq.trainer | NaN or Inf found in input tensor.",
+        "Traceback (most recent call last):",
+        '  File "fairseq_cli/train.py", line 1, in <module>',
+        "2026-11-26 16:14:38 | INFO | fairseq_cli.train | done training in 17.3 seconds",
+    ]
+    show = ConsoleFilter("RUN/train.log")
+    shown = [line for line in lines if show(line + "\n")]
+    assert capsys.readouterr().out == "(fairseq's setup, the model and warnings: in RUN/train.log)\n"
+    assert shown == [lines[i] for i in (1, 9, 10, 11, 13, 14, 15, 16, 17)]
 
 
 CHILD = (  # fairseq-like log lines, 0.4 s apart
@@ -351,14 +386,6 @@ def test_interrupted_command_leaves_its_log(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- data provenance
-def write_slice(raw, source, rows):
-    raw.mkdir(parents=True, exist_ok=True)
-    for name, n in rows.items():
-        lines = (source / name).read_text(encoding="utf-8").splitlines(keepends=True)
-        (raw / name).write_text("".join(lines[: n + 1]), encoding="utf-8")
-    return raw
-
-
 def test_data_prepared_again_when_its_raw_files_or_bpe_differ(shared_data, tiny, tmp_path, capsys):
     sst2 = shared_data / "glue" / "SST-2"
     first = write_slice(tmp_path / "raw1", sst2, {"train.tsv": 20, "dev.tsv": 8})
@@ -433,33 +460,6 @@ def test_damaged_checkpoint_last_names_the_file_and_counts_the_newest_intact_one
 
 
 # ---------------------------------------------------------------------------------------- end to end (slow)
-# 6 updates of 8 on 64 SST-2 sentences (one epoch = 8 updates), validated and saved at 3 and 6
-SMALL = ["--method", "lora", "--max-update", "6", "--total-batch", "8", "--validate-interval-updates", "3"]
-
-
-def start(work, raw, *args, log, env=None):
-    """scripts/run.sh SST-2 in its own session (so kill -9 reaches fairseq-train), output to ``log``."""
-    cmd = ["bash", str(RUN_SH), "SST-2", "--raw", str(raw), "--work-dir", str(work), *SMALL, *args]
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def finish(proc, log, timeout=900):
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    text = Path(log).read_text()
-    assert proc.returncode == 0, text[-3000:]
-    return text
-
-
-def trained(folder):
-    """The LoRA tensors and the head of checkpoint_last.pt (a compact checkpoint: nothing else)."""
-    state = torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    return {k: v for k, v in state["model"].items() if not k.startswith("_")}, state
-
-
 @pytest.fixture(scope="module")
 def first_run(shared_data, standin_model, tmp_path_factory):
     """Seed 1, polling train.log's size while fairseq-train runs."""
@@ -649,6 +649,9 @@ def train_line(updates, loss, tag="train_inner"):
          {"update": 6, "reason": "gradients are Nan/Inf"}),
         ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding.\n",
          {"update": 1, "reason": "Minimum loss scale reached (0.0001). Your loss is probably exploding."}),
+        # the compat layer's one line names the update (here one with no loss logged before it)
+        (train_line(1, "0.7") + "FloatingPointError: gradients are Nan/Inf at update 3 (lr 1e+06 is likely too high: "
+         "try a lower --lr)\n", {"update": 3, "reason": "gradients are Nan/Inf"}),
         # fp16's normal skipped updates, and a large but finite loss, are not divergence
         (train_line(1, "0.7") + "NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0\n"
          + train_line(2, "3e+38"), None),
@@ -669,13 +672,13 @@ def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatc
         task="RTE", timings={}, start=time.time(), argv=["RTE", "--lr", "1e6"],
     )  # fmt: skip
 
-    def diverging_train(p):
+    def diverging_train(p, lock=None):
         (p.folder / "train.log").write_text(train_line(4, "nan", tag="valid"))
         (p.folder / "crash.pt").write_bytes(b"state")
         raise main_job.RunError("command failed with exit code 1: fairseq-train ...")
 
     monkeypatch.setattr(execution, "train", diverging_train)
-    monkeypatch.setattr(execution, "score", lambda p: pytest.fail("a diverged run is not scored"))
+    monkeypatch.setattr(execution, "score", lambda p, lock=None: pytest.fail("a diverged run is not scored"))
     assert main_job.execute(plan) == 0
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
@@ -729,65 +732,18 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
             folder=folder, request=types.SimpleNamespace(restart=True, model="standin", method="lora", seed=1),
             config={"updates": 4, "layout": None}, timings={}, argv=["RTE"],
         )  # fmt: skip
-        monkeypatch.setattr(execution, "train", lambda p: pytest.fail("trained a folder in use"))
+        monkeypatch.setattr(execution, "train", lambda p, lock=None: pytest.fail("trained a folder in use"))
         with pytest.raises(InUse) as refused:  # run.py's exit status 75, which a sweep skips
             main_job.execute(plan)
         assert str(refused.value) == (
-            f"{folder} is in use: another process (a sweep or run.sh with this configuration) is training or "
-            "scoring it; wait for it to end, or stop it first"
+            f"{folder} is in use: another process (a sweep, run.sh, or a trainer still running from an earlier "
+            "one) is training or scoring it; wait for it to end, or stop it first"
         )
         assert (folder / "config.json").read_text() == "the other process's\n"  # not even --restart touched it
     trained = []
-    monkeypatch.setattr(execution, "train", lambda p: trained.append(p.folder))
-    monkeypatch.setattr(execution, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))
+    monkeypatch.setattr(execution, "train", lambda p, lock=None: trained.append(p.folder))
+    monkeypatch.setattr(execution, "score", lambda p, lock=None: (_ for _ in ()).throw(main_job.RunError("scored")))
     with pytest.raises(main_job.RunError, match="^scored$"):
         main_job.execute(plan)  # --restart emptied the folder (its lock kept) and trained it
     assert trained == [folder] and json.loads((folder / "config.json").read_text()) == plan.config
     assert sorted(p.name for p in folder.iterdir()) == [".lock", "config.json"]
-
-
-def children(pid):
-    """The processes ``pid`` started (Linux: /proc/PID/task/*/children)."""
-    return [int(c) for task in Path(f"/proc/{pid}/task").glob("*") for c in (task / "children").read_text().split()]
-
-
-def alive(pid):
-    """A process that still runs (a killed one whose parent is gone may stay a zombie until reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-@pytest.mark.slow
-def test_a_killed_run_sh_takes_its_trainer_with_it(shared_data, standin_model, tmp_path):
-    """kill -9 of run.sh's python process alone (not its group) while fairseq-train trains: the trainer gets
-    SIGTERM from the kernel (its parent died) and is gone within seconds, so no trainer writes the folder
-    unsupervised; the same command then resumes and finishes. 200 updates (about 30 s on 2 cores): a
-    trainer left alone would still train 10 s later."""
-    raw = write_slice(tmp_path / "raw", shared_data / "glue" / "SST-2", {"train.tsv": 64, "dev.tsv": 16})
-    longer = ["--max-update", "200", "--validate-interval-updates", "100"]
-    proc = start(tmp_path, raw, *longer, log=tmp_path / "killed.out")
-    deadline, trainers = time.time() + 300, []
-    while proc.poll() is None and time.time() < deadline:
-        logs = list((tmp_path / "checkpoints").glob("standin/SST-2/lora/*/train.log"))
-        if logs and TrainingEta.UPDATES.search(logs[0].read_text()):
-            trainers = children(proc.pid)  # run.sh execs python: its child is fairseq-train
-            break
-        time.sleep(0.2)
-    assert trainers, (tmp_path / "killed.out").read_text()[-3000:]
-    try:
-        os.kill(proc.pid, signal.SIGKILL)  # the python process only: the trainer is in its group, not killed
-        proc.wait()
-        gone_by = time.time() + 10
-        while any(map(alive, trainers)) and time.time() < gone_by:
-            time.sleep(0.1)
-        assert not any(map(alive, trainers)), [Path(f"/proc/{t}/cmdline").read_text() for t in trainers]
-    finally:
-        for t in filter(alive, trainers):
-            os.kill(t, signal.SIGKILL)
-    finish(start(tmp_path, raw, *longer, log=tmp_path / "resumed.out"), tmp_path / "resumed.out")
-    (folder,) = main_job.find_runs(tmp_path, "standin", "SST-2", "lora")
-    _, state = trained(folder)
-    assert state["optimizer_history"][-1]["num_updates"] == 200 and (folder / "results.json").is_file()

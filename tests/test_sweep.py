@@ -109,6 +109,44 @@ args: [--dropout, 0]
     assert [(r.task, r.label, r.seed, r.max_update) for r in spec.runs] == [("RTE", "lora", 2, 9)] * 2
 
 
+VALID_LR = "is not a positive number (valid: finite numbers > 0, e.g. 1e-3)"
+
+
+@pytest.mark.parametrize(
+    "line,said",
+    [
+        ("lrs: [.inf]", f"lora: lrs: inf {VALID_LR}"),
+        ("lrs: [.nan]", f"lora: lrs: nan {VALID_LR}"),
+        ("lrs: [-1.0e-3]", f"lora: lrs: -0.001 {VALID_LR}"),
+        ("lrs: [0]", f"lora: lrs: 0 {VALID_LR}"),
+        ("head_lrs: [.inf]", f"lora: head_lrs: inf {VALID_LR}"),
+        ("seeds: [-1]", "lora: seeds: -1 is too small (valid: integers >= 0)"),
+        ("seeds: [1.5]", "lora: seeds: 1.5 is not an integer (valid: integers >= 0)"),
+        ("max_update: 0", "lora: max_update: 0 is too small (valid: integers >= 1)"),
+        ("budget: {few_shot: -3}", "budget.few_shot (default): -3 is too small (valid: integers >= 1)"),
+        ("budget: {dev_from_train: x}", "budget.dev_from_train: 'x' is not an integer (valid: integers >= 1)"),
+        ("budget: {few_shot: 16, data_seed: -2}", "budget.data_seed: -2 is too small (valid: integers >= 0)"),
+    ],
+)
+def test_a_spec_number_that_cannot_be_right_is_one_line_naming_the_file_and_key(tmp_path, capsys, line, said):
+    path = write_spec(tmp_path, f"name: s\ntasks: [RTE]\nmethods: [lora]\n{line}\n")
+    before = sorted(tmp_path.rglob("*"))
+    assert sweep.main([str(path), "--work-dir", str(tmp_path), "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"sweep: error: {path}: {said}"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_sweep_sh_refuses_an_infinite_lr_in_one_line(tmp_path):
+    """As a user runs it: scripts/sweep.sh SPEC --dry-run, exit 2, one line, nothing written."""
+    path = write_spec(tmp_path, "name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: [.inf]\n")
+    run = subprocess.run(
+        ["bash", str(REPO / "scripts" / "sweep.sh"), str(path), "--dry-run"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.splitlines() == [f"sweep: error: {path}: lora: lrs: inf {VALID_LR}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -188,6 +226,43 @@ def test_progress_line_counts_and_estimates():
     p.update(started=1)
     p.update(in_use=1)  # another process held the run's folder: neither done nor failed, nor left
     assert p.line() == "[sweep s] 3/10 done (2 cached), 0 running, 1 failed, 1 in use elsewhere, 5 left, eta 2m30s"
+
+
+def test_a_sweep_says_how_its_running_runs_go_while_they_train(tmp_path, capsys):
+    """Between a run's start and its end the terminal is not silent: after ``every`` quiet seconds, each
+    running run's update and eta (its log's last ``| eta`` line), and the sweep's eta from them before any
+    run has finished (time so far + eta)."""
+    now = [1000.0]
+    p = sweep.SweepProgress("s", total=4, cached=0, slots=2, clock=lambda: now[0], every=60)
+    log = tmp_path / "a.log"
+    log.write_text(
+        "+ fairseq-train ...\n"
+        'x | train_inner | {"epoch": 1, "num_updates": "100", "wall": "50"} | eta 2m30s + validation\n'
+        'x | valid | {"epoch": 1, "valid_accuracy": "70", "valid_num_updates": "100"}\n'
+        'x | train_inner | {"epoch": 1, "num_updates": "120", "wall": "60"} | eta 2m00s\n'
+    )
+    p.update(started=2)
+    p.watch("lora.a", log)
+    p.watch("lora.b", tmp_path / "b.log")  # no log yet
+    capsys.readouterr()
+    now[0] += 59
+    p.heartbeat()
+    assert capsys.readouterr().out == ""  # quiet for under a minute: nothing to add
+    now[0] += 1
+    p.heartbeat()
+    assert capsys.readouterr().out.splitlines() == [
+        "  running lora.a: update 120, eta 2m00s (1m00s so far)",
+        "  running lora.b: starting (1m00s so far)",
+        # a run takes 60 s so far + 120 s left: 180 s x (2 left + 2 running / 2) / 2 slots
+        "[sweep s] 0/4 done (0 cached), 2 running, 0 failed, 2 left, eta 4m30s",
+    ]
+    p.heartbeat()
+    assert capsys.readouterr().out == ""  # it spoke just now
+    p.unwatch("lora.a")
+    p.unwatch("lora.b")
+    now[0] += 600
+    p.heartbeat()
+    assert capsys.readouterr().out == ""  # nothing running: nothing to say
 
 
 def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):

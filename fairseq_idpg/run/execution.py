@@ -4,6 +4,7 @@ on ``checkpoint_best.pt``, and the record (``record.py``)."""
 
 import contextlib
 import math
+import os
 import re
 import shlex
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 from fairseq_idpg.errors import RunError
 from fairseq_idpg.launch import console_script
 from fairseq_idpg.layout import REPO
-from fairseq_idpg.run.processes import Refused, TrainingEta, tee
+from fairseq_idpg.run.processes import ConsoleFilter, Refused, TrainingEta, tee
 from fairseq_idpg.run.record import read_run_file, read_run_folder, show_scores, write_json, write_record
 
 
@@ -44,24 +45,27 @@ class InUse(RunError):
 
 @contextlib.contextmanager
 def run_folder_lock(save):
-    """Held while this process trains or scores the run in ``save``: a second process on the same
+    """Held while the run in ``save`` is trained or scored, and by whoever writes it: the file descriptor
+    it yields is passed on to fairseq-train and fairseq-validate (``tee(..., hold=fd)``), so a trainer
+    that outlives its launcher keeps the folder locked until it ends. A second process on the same
     configuration (another sweep, a second run.sh) stops with one line instead of writing the same
-    checkpoints and logs. An fcntl lock goes with its process, so a killed run leaves none held."""
-    from filelock import FileLock, Timeout
+    checkpoints and logs. A flock goes with the last process holding it: a killed run leaves none held."""
+    import fcntl
 
     save.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(save / RUN_LOCK))
+    fd = os.open(save / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         raise InUse(
-            f"{save} is in use: another process (a sweep or run.sh with this configuration) is training "
-            "or scoring it; wait for it to end, or stop it first"
+            f"{save} is in use: another process (a sweep, run.sh, or a trainer still running from an "
+            "earlier one) is training or scoring it; wait for it to end, or stop it first"
         ) from None
     try:
-        yield
+        yield fd
     finally:
-        lock.release()
+        os.close(fd)  # the lock ends with the last holder: here, unless a child still runs
 
 
 def execute(p):
@@ -73,8 +77,8 @@ def execute(p):
         if done is not None:
             return show_cached(p.folder, done)
     new = not p.folder.exists()
-    with run_folder_lock(p.folder):
-        return execute_locked(p, new)
+    with run_folder_lock(p.folder) as lock:
+        return execute_locked(p, new, lock)
 
 
 def show_cached(save, done):
@@ -87,7 +91,7 @@ def show_cached(save, done):
     return 0
 
 
-def execute_locked(p, new):
+def execute_locked(p, new, lock=None):
     save = p.folder
     if p.request.restart and not new:
         print(f"--restart: removing {save}", flush=True)
@@ -103,10 +107,12 @@ def execute_locked(p, new):
     failure = None
     try:
         if not trained:
-            train(p)
+            train(p, lock)
     except RunError as e:  # fairseq's FloatingPointError is a divergence, any other failure stays one
         failure = e
-    if new and isinstance(failure, Refused):  # fairseq-train refused what run.sh could not check (the data)
+    if new and isinstance(failure, Refused) and not any(save.glob("checkpoint*.pt")):
+        # fairseq-train refused what run.sh could not check (the data); a refusal after checkpoints were
+        # saved (a full disk) keeps them: the same command resumes once there is room
         remove_run_folder(save, Path(p.request.work_dir))
         raise failure
     found = divergence(save / "train.log")
@@ -117,7 +123,7 @@ def execute_locked(p, new):
         write_record(p, {}, diverged=found)
         print(diverged_line(found, p.config["lr"]), file=sys.stderr)
         return 0
-    results = score(p)
+    results = score(p, lock)
     write_record(p, results)
     return 0
 
@@ -131,7 +137,8 @@ def remove_run_folder(save, work_dir):
         parent.rmdir()
 
 
-FLOATING_POINT_ERROR = re.compile(r"^FloatingPointError: (.+)$", re.M)
+# fairseq's own line, or the compat layer's ``FloatingPointError: REASON at update N (lr ... advice)``
+FLOATING_POINT_ERROR = re.compile(r"^FloatingPointError: (.+?)(?: at update (\d+)(?: \(.*\))?)?$", re.M)
 
 
 def divergence(train_log):
@@ -150,7 +157,10 @@ def divergence(train_log):
                     "reason": f"{entry.tag} loss {loss}"}  # fmt: skip
         last = int(updates) if isinstance(updates, (int, float)) else last
     error = FLOATING_POINT_ERROR.findall(text)
-    return {"update": last + 1, "reason": error[-1].strip()} if error else None
+    if not error:
+        return None
+    reason, update = error[-1]
+    return {"update": int(update) if update else last + 1, "reason": reason.strip()}
 
 
 def diverged_line(diverged, lr):
@@ -176,7 +186,7 @@ def trained_before(p):
     return done_updates >= updates
 
 
-def train(p):
+def train(p, lock=None):
     """fairseq-train, its output in train.log and on the terminal with the time left."""
     save = p.folder
     with open(save / "train.log", "a", encoding="utf-8") as f:
@@ -191,7 +201,13 @@ def train(p):
         print("+ " + shlex.join(p.train), flush=True)
         with open(save / "train.log", "a", encoding="utf-8") as f:
             f.write("+ " + shlex.join(cmd) + "\n")
-    seconds, _ = tee(cmd, save / "train.log", progress=TrainingEta(p.config["updates"]))
+    seconds, _ = tee(
+        cmd,
+        save / "train.log",
+        progress=TrainingEta(p.config["updates"]),
+        show=ConsoleFilter(save / "train.log"),
+        hold=lock,
+    )
     p.timings["train"] = round(seconds, 1)
     # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
     for interval in save.glob("checkpoint_*_*.pt"):
@@ -199,7 +215,7 @@ def train(p):
             interval.unlink()
 
 
-def score(p):
+def score(p, lock=None):
     """fairseq-validate's scores of checkpoint_best.pt on every dev (and test) split: {split: {metric: value}}."""
     from fairseq_idpg.logs import validate_scores
 
@@ -218,7 +234,7 @@ def score(p):
         validate += ["--max-tokens", p.request.max_tokens]
     if not _cuda():
         validate.append("--cpu")
-    seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True)
+    seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True, hold=lock)
     p.timings["validate"] = round(seconds, 1)
     try:
         results = validate_scores(out, p.evals)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 from fairseq_idpg.errors import RunError
 
@@ -65,39 +66,116 @@ def format_duration(seconds):
 
 
 class TrainingEta:
-    """Appends ``eta 3m10s`` to fairseq's log lines that report ``num_updates``: the updates left
-    times the seconds per update seen since the first such line (before that: fairseq's wall
-    clock over its updates)."""
+    """Appends ``eta 3m10s`` to fairseq's log lines that report ``num_updates``: the updates left times the
+    seconds per update seen since the first such line (before that: fairseq's wall clock over its
+    updates), plus the validation rounds left times the seconds a round took. Rounds are timed from
+    fairseq's ``begin validation`` line to its scores; until one is, the eta says ``+ validation``."""
 
     UPDATES = re.compile(r"\bnum_updates\"?[=: ]+\"?(\d+)")  # simple and json formats
+    VALID_UPDATES = re.compile(r"num_updates\"?[=: ]+\"?(\d+)")  # json: "valid_num_updates"
     WALL = re.compile(r"\bwall\"?[=: ]+\"?([\d.]+)")
+    BEGIN_VALIDATION = "begin validation on"
 
     def __init__(self, total_updates, clock=time.monotonic):
         self.total, self.clock, self.first = total_updates, clock, None
+        self.validating_since = None
+        self.rounds = {}  # update -> seconds its validation took (all subsets)
+        self.paused = 0.0  # seconds spent validating since the first training line
 
     def annotate(self, line):
-        found = self.UPDATES.search(line)
-        if not found or "valid on" in line or '"valid' in line:
+        if self.BEGIN_VALIDATION in line:
+            self.validating_since = self.clock()
             return line
-        done, now = int(found.group(1)), self.clock()
+        if "valid on" in line or '"valid' in line:  # a subset's scores: its round ends
+            found = self.VALID_UPDATES.search(line)
+            if found:
+                self._validated(int(found.group(1)))
+            return line
+        found = self.UPDATES.search(line)
+        if not found:
+            return line
+        done = int(found.group(1))
+        per_update = self._per_update(line, done)
+        if per_update is None:
+            return line
+        left = per_update * max(0, self.total - done) + self._validation_left(done)
+        return f"{line} | eta {format_duration(left)}" + ("" if self.rounds else " + validation")
+
+    def _per_update(self, line, done):
+        now = self.clock()
         if self.first is None:
             self.first = (now, done)
+            self.paused = 0.0
         start, start_done = self.first
         if done > start_done:
-            per_update = (now - start) / (done - start_done)
-        else:
-            wall = self.WALL.search(line)
-            if not wall or not done:
-                return line
-            per_update = float(wall.group(1)) / done
-        return f"{line} | eta {format_duration(per_update * max(0, self.total - done))}"
+            return (now - start - self.paused) / (done - start_done)
+        wall = self.WALL.search(line)
+        return float(wall.group(1)) / done if wall and done else None
+
+    def _validated(self, done):
+        if self.validating_since is None:
+            return
+        seconds = self.clock() - self.validating_since
+        self.validating_since = None
+        self.rounds[done] = self.rounds.get(done, 0.0) + seconds
+        if self.first is not None:
+            self.paused += seconds
+
+    def _validation_left(self, done):
+        """The rounds still to come (every ``gap`` updates, and one at the end) times a round's seconds."""
+        if not self.rounds or done >= self.total:
+            return 0.0
+        at = sorted(self.rounds)
+        gap = at[-1] - at[-2] if len(at) > 1 else at[0]
+        count = 1 if gap <= 0 else self.total // gap - done // gap + (self.total % gap != 0)
+        return max(1, count) * sum(self.rounds.values()) / len(self.rounds)
 
 
-def tee(cmd, log, progress=None, show=None, keep=False):
+class ConsoleFilter:
+    """``tee``'s ``show`` for fairseq-train: the terminal gets its progress, not its setup. Shown: the
+    training and validation lines, checkpoints loaded and saved, the end, and anything that is not an INFO
+    line (warnings of fairseq's logger, errors, tracebacks). Hidden (train.log keeps them): the other INFO
+    lines (the configuration, the model's repr with its lines, the data loaded) and Python warnings with
+    their source line; the first hidden line is replaced by a note saying where they are."""
+
+    LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (\w+) \| ([\w.]+) \| (.*)$")
+    PROGRESS = re.compile(
+        r'^\{"epoch"|trainable params|Loaded checkpoint|Saved checkpoint|begin validation|'
+        r"Stopping training|done training"
+    )
+    WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
+
+    def __init__(self, log):
+        self.log, self.noted, self.in_model, self.after_warning = log, False, False, False
+
+    def __call__(self, line):
+        hide = self._hidden(line.rstrip("\n"))
+        if hide and not self.noted:
+            self.noted = True
+            print(f"(fairseq's setup, the model and warnings: in {self.log})", flush=True)
+        return not hide
+
+    def _hidden(self, text):
+        if self.in_model:  # the model's repr: to its closing parenthesis
+            self.in_model = text != ")"
+            return True
+        if self.after_warning and text.startswith((" ", "\t")):
+            return True
+        self.after_warning = bool(self.WARNING.match(text))
+        found = self.LOG_LINE.match(text)
+        if self.after_warning or not found:
+            return self.after_warning
+        level, _, message = found.groups()
+        self.in_model = level == "INFO" and message.endswith("(")
+        return level == "INFO" and not self.PROGRESS.search(message)
+
+
+def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
     """Run ``cmd``; each line of its output goes to ``log`` (appended, flushed line by line) and to
     the terminal as it comes (``show(line)`` filters, ``progress`` annotates). Returns (seconds, the
     output if ``keep`` else its last lines). Ctrl-C reaches the command too (same process group);
-    SIGTERM is passed on; either way the log keeps everything printed."""
+    SIGTERM is passed on; either way the log keeps everything printed. ``hold``: a lock's file descriptor
+    the command inherits, so that it holds the lock as long as it runs."""
     cmd = [str(c) for c in cmd]
     print("+ " + shlex.join(cmd), flush=True)
     start = time.time()
@@ -113,6 +191,7 @@ def tee(cmd, log, progress=None, show=None, keep=False):
             text=True,
             errors="replace",
             bufsize=1,
+            pass_fds=() if hold is None else (hold,),
             **child_process_options(),
         )
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
@@ -159,16 +238,32 @@ def tee(cmd, log, progress=None, show=None, keep=False):
 
 
 def call(cmd, log=print):
-    """Run ``cmd`` (its output to the terminal); its one-line error is passed on as a ``Refused``, said once."""
+    """Run ``cmd`` (its output to the terminal); its one-line error is passed on as a ``Refused``, said once.
+    Ctrl-C reaches the command too (same process group): it is given time to end in its own words (a data
+    preparation keeps its finished parts), then run.sh says it was interrupted."""
     cmd = [str(c) for c in cmd]
     log("+ " + shlex.join(cmd), flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True, errors="replace", **child_process_options())
-    said = proc.stderr.splitlines(keepends=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", **child_process_options())
+    try:
+        _, err = proc.communicate()
+    except KeyboardInterrupt:
+        try:
+            _, err = proc.communicate(timeout=30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            _, err = proc.communicate()
+        sys.stderr.write(err)
+        raise RunError(
+            f"interrupted: {Path(cmd[1]).name if len(cmd) > 1 else cmd[0]}; the same command resumes"
+        ) from None
+    said = err.splitlines(keepends=True)
     refused = said.pop() if proc.returncode == 2 and said and ONE_LINE_ERROR.match(said[-1]) else None
     sys.stderr.write("".join(said))
     if refused:
         raise Refused(refused.split(": error: ", 1)[1].strip())
+    if proc.returncode in (-signal.SIGINT, 130):
+        raise RunError(f"interrupted: {Path(cmd[1]).name if len(cmd) > 1 else cmd[0]}; the same command resumes")
     if proc.returncode:
         raise RunError(f"command failed with exit code {proc.returncode}: {shlex.join(cmd)}")
     return time.time() - start
