@@ -203,6 +203,23 @@ def test_multi_layer_path_equals_layer_by_layer_reference(backbones, arch, flags
             assert not torch.allclose(model(src, features_only=True)[0][keep], reference[keep], atol=1e-3)
 
 
+def logits_and_grads(model, src):
+    """(logits, {name: gradient of their sum}) of ``model`` on ``src``."""
+    model.zero_grad(set_to_none=True)
+    out = model(src, classification_head_name="head")[0]
+    out.sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_step(a, b, atol=1e-6):
+    """Two ``logits_and_grads`` agree: logits within ``atol``, the same gradients within ``atol`` (and 1e-5
+    relative)."""
+    assert torch.allclose(a[0], b[0], atol=atol, rtol=0)
+    assert a[1].keys() == b[1].keys()
+    for name, grad in b[1].items():
+        assert torch.allclose(a[1][name], grad, atol=atol, rtol=1e-5), name
+
+
 def test_slot_rows_and_biases_once_per_forward_keep_logits_and_gradients(backbones, monkeypatch):
     """M-IDPG finds the prompt slots' rows and unbinds its biases once per forward: fp32 logits and every
     trained gradient equal those of the per-layer computation (slot rows found after every layer, c_l indexed
@@ -213,22 +230,33 @@ def test_slot_rows_and_biases_once_per_forward_keep_logits_and_gradients(backbon
     model = build_tiny(backbones[0], IDPG, idpg_preset="m-idpg-phm").eval()
     src = batch(PAIRS)
 
-    def logits_and_grads():
-        model.zero_grad(set_to_none=True)
-        out = model(src, classification_head_name="head")[0]
-        out.sum().backward()
-        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    once, once_grads = logits_and_grads()
+    once = logits_and_grads(model, src)
     add_at_slots, generate = encoder.add_at_slots, PromptGenerator.forward
     monkeypatch.setattr(encoder, "add_at_slots", lambda x, slots, prompt, rows=None: add_at_slots(x, slots, prompt))
     monkeypatch.setattr(PromptGenerator, "forward", lambda gen, x, index=0, weights=None, biases=None: generate(
         gen, x, index, weights))  # fmt: skip
-    per_layer, per_layer_grads = logits_and_grads()
-    assert torch.allclose(once, per_layer, atol=1e-6, rtol=0)
-    assert once_grads.keys() == per_layer_grads.keys() and any("biases" in n for n in once_grads)
-    for name, grad in per_layer_grads.items():
-        assert torch.allclose(once_grads[name], grad, atol=1e-6, rtol=1e-5), name
+    assert_same_step(once, logits_and_grads(model, src))
+    assert any("biases" in n for n in once[1])
+
+
+@pytest.mark.parametrize("arch,flags", [("roberta_prompt", dict(prompt_preset="prompt-tuning-5")), (IDPG, {})])
+def test_prompt_models_attention_gives_fairseqs_logits_and_gradients(backbones, arch, flags):
+    """The prompt models run the frozen attention as ``AugmentedSelfAttention`` (fused attention, the padding
+    mask built once per forward): fp32 logits and gradients equal fairseq's attention's within 1e-6."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
+
+    torch.manual_seed(4)
+    model = build_tiny(backbones[0], arch, **flags).eval()
+    layers = model.encoder.sentence_encoder.layers
+    assert all(type(layer.self_attn) is AugmentedSelfAttention for layer in layers)
+    src = batch(PAIRS)
+
+    ours = logits_and_grads(model, src)
+    for layer in layers:
+        layer.self_attn.__class__ = MultiheadAttention
+    assert_same_step(ours, logits_and_grads(model, src))
 
 
 # ---------------------------------------------------------------------- training and freezing

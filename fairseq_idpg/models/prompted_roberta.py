@@ -41,6 +41,7 @@ from typing import ClassVar
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import presets_of
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
+from fairseq_idpg.modules.attention.augmented_self_attention import AugmentedSelfAttention
 from fairseq_idpg.modules.prompts.encoder import prompted_features
 from fairseq_idpg.modules.prompts.insertion import MIN_INPUT_TOKENS, check_position
 from fairseq_idpg.options import Options, flag, option, resolve_preset
@@ -81,6 +82,11 @@ class PromptedRobertaModel(FrozenBackboneRobertaModel):
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
+        # the frozen attention through torch's fused attention with a boolean padding mask built once per
+        # forward (AugmentedSelfAttention, no blocks attached): fairseq's concatenates the three projection
+        # biases and converts the padding mask to a float mask in every layer, launches of their own on a GPU
+        for i, layer in enumerate(encoder.sentence_encoder.layers):
+            AugmentedSelfAttention.convert(layer.self_attn, i)
         self.prompt_position = args.prompt_position
         # the task reserves these positions when it truncates inputs (tasks/model_protocol.py)
         self.num_inserted_tokens = int(getattr(args, self.PROMPT_LENGTH))
