@@ -358,15 +358,28 @@ def trained(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
+@contextlib.contextmanager
+def one_thread():
+    """One torch thread inside: the same operators, and tiny tensors run several times faster on a busy
+    machine, where idle threads spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def model_launches(build, name, shape, layers=None, dtype=torch.bfloat16, trace=True):
     """The launches of one warmed-up training step of ``build(name, shape, layers, dtype)`` (``ours`` or
-    ``theirs``); None where ``build`` gives no model."""
+    ``theirs``), on one thread; None where ``build`` gives no model."""
     built = build(name, shape, layers, dtype)
     if built is None:
         return None
     model, forward = built
     _, labels = tiny_batch(shape)
-    return step_launches(forward, trained(model), labels, trace=trace)
+    with one_thread():
+        return step_launches(forward, trained(model), labels, trace=trace)
 
 
 @dataclass(frozen=True)

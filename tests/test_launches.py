@@ -1,0 +1,68 @@
+"""Kernel launches per update, counted on the CPU (``fairseq_idpg/launches.py``; docs/launches.md): our
+methods' training steps at a tiny 24-layer shape launch no more operators than PEFT's where we reached it,
+no more than the counts pinned here where we did not (a change that adds launches fails), and as many
+in fp16 as in bf16. The counts are deterministic: the same operators whatever the weights and the load."""
+
+import pytest
+import torch
+
+from fairseq_idpg.launches import Shape, count_launches, launches_kernel, model_launches, ours, theirs
+
+# 24 layers x 32, batch 4 x 16 (a quarter of the rows padded): the counts of scripts/count_launches.py's
+# default shape (x 64, 4 x 32), which do not depend on the width or the batch
+SHAPE = Shape(dim=32, heads=2, ffn=64, length=16)
+# ours in bf16 (docs/launches.md): a count may go down, not up
+PINNED = {"prompt-tuning-5": 897, "lora": 1389, "m-idpg-phm": 1458, "houlsby-adapter": 1529, "inducer": 2945}
+
+
+def launches(build, name, dtype=torch.bfloat16):
+    return model_launches(build, name, SHAPE, dtype=dtype, trace=False).total
+
+
+@pytest.fixture(scope="module")
+def counted():
+    """{(side, name): launches per update in bf16}, counted once for the module."""
+    cache = {}
+
+    def get(side, name):
+        if (side, name) not in cache:
+            cache[side, name] = launches(ours if side == "ours" else theirs, name)
+        return cache[side, name]
+
+    return get
+
+
+def test_views_and_allocations_launch_nothing():
+    aten = torch.ops.aten
+    assert not any(launches_kernel(op) for op in (aten.view.default, aten.t.default, aten.expand.default))
+    assert not launches_kernel(aten._unsafe_view.default) and not launches_kernel(aten.empty.memory_format)
+    assert launches_kernel(aten.add_.Tensor) and launches_kernel(aten.mm.default)
+    x = torch.randn(4, 4)
+    counted = count_launches(lambda: (x.t() @ x).view(16).add_(1), trace=True)
+    assert counted.total == 2 and dict(counted.by_op) == {"mm": 1, "add_": 1}
+    assert all(line.startswith("tests/test_launches.py:") for line in counted.by_line), counted.by_line
+
+
+@pytest.mark.parametrize("name", ["prefix-tuning", "lora"])
+def test_launches_no_more_than_pefts(counted, name):
+    assert counted("ours", name) <= counted("theirs", name)
+
+
+def test_prompt_tuning_launches_within_3_percent_of_pefts(counted):
+    """Per layer as many as PEFT's; the rest is the prompt's insertion and the prompted forward's padding."""
+    assert counted("ours", "prompt-tuning-5") <= 1.03 * counted("theirs", "prompt-tuning-5")
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_launches_stay_at_most_the_pinned_count(counted, name):
+    assert counted("ours", name) <= PINNED[name]
+
+
+def test_m_idpg_launches_at_most_1_65_times_prompt_tuning(counted):
+    """IDPG's generator runs after every layer; its cost over static prompts is bounded."""
+    assert counted("ours", "m-idpg-phm") <= 1.65 * counted("ours", "prompt-tuning-5")
+
+
+@pytest.mark.parametrize("name", ["prefix-tuning", "m-idpg-phm", "houlsby-adapter", "inducer"])
+def test_fp16_steps_launch_what_bf16_steps_launch(counted, name):
+    assert launches(ours, name, torch.float16) == counted("ours", name)
