@@ -30,8 +30,8 @@ What the CPU runs differently from CUDA is made to follow CUDA's path (``cuda_li
   the tensors).
 
 Each operator is traced to a source line (``by_line``): the innermost frame of the Python stack under one of
-``PROJECT_DIRS`` (this project, fairseq, transformers, peft, the scripts), else the innermost torch frame
-outside the dispatch machinery (``torch/optim/adam.py:...``). An operator of the backward pass is traced to
+``PROJECT_DIRS`` (this project, fairseq, transformers, peft, ``torch.optim``, the scripts and tests), else the
+innermost frame outside the dispatch machinery. An operator of the backward pass is traced to
 the forward line that made its autograd node (anomaly mode keeps that stack; its NaN check is off, so it
 adds no operator) and named ``backward of <line>``.
 """
@@ -59,7 +59,7 @@ NO_KERNEL = frozenset(
 )
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
 # the frames a launch is traced to, innermost first (path fragments, "/" separated)
-PROJECT_DIRS = ("/fairseq_idpg/", "/fairseq/", "/transformers/", "/peft/", "/scripts/", "/tests/")
+PROJECT_DIRS = ("/fairseq_idpg/", "/fairseq/", "/transformers/", "/peft/", "/torch/optim/", "/scripts/", "/tests/")
 # frames that are the counting itself, never a launch's source
 MACHINERY = (
     "/torch/_ops.py",
