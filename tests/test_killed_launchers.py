@@ -1,0 +1,171 @@
+"""A launcher killed with ``kill -9`` (run.sh, or a sweep running the run in a local slot) takes its trainer
+with it, and the same command resumes the run from the checkpoint it names: one trainer, every point of the
+learning curve kept, and the same record as a run never interrupted (CPU training is deterministic, and
+fairseq seeds each update by its number). The run folder's lock is held by whoever writes the folder: the
+trainer inherits it from run.sh."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from run_support import alive, children, finish, start, trained, write_slice
+
+from fairseq_idpg import run as main_job
+from fairseq_idpg.run.execution import RUN_LOCK
+
+REPO = Path(__file__).resolve().parents[1]
+# 120 updates of 8 on 64 SST-2 sentences, validated and saved at 60 and 120
+LONGER = ["--max-update", "120", "--validate-interval-updates", "60"]
+
+
+def lock_is_free(folder):
+    """Whether another process could take ``folder``'s run lock now (it tries, without waiting)."""
+    probe = (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    )
+    return subprocess.run([sys.executable, "-c", probe, str(folder / RUN_LOCK)], capture_output=True).returncode == 0
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from fairseq_idpg.run.execution import run_folder_lock
+from fairseq_idpg.run.processes import tee
+folder = Path(sys.argv[1])
+# a trainer slow to end: it ignores the SIGTERM its launcher's death sends
+child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+child += "print('started', flush=True); time.sleep(4)"
+with run_folder_lock(folder) as lock:
+    tee([sys.executable, "-c", child], folder / "train.log", hold=lock)
+"""
+
+
+def test_a_trainer_that_outlives_its_killed_launcher_keeps_the_run_folder_locked(tmp_path):
+    """The lock is held by whoever writes the folder: run.sh's command inherits it, so while a trainer
+    outlives its launcher (here one that ignores SIGTERM) a rerun finds the folder in use; once it ends,
+    the folder is free."""
+    folder = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(folder)], stdout=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.time() + 120
+    while not ((folder / "train.log").exists() and "started" in (folder / "train.log").read_text()):
+        assert time.time() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    (trainer,) = children(launcher.pid)
+    launcher.kill()
+    launcher.wait()
+    assert alive(trainer) and not lock_is_free(folder)  # the launcher is gone; its trainer holds the lock
+    while alive(trainer):
+        time.sleep(0.1)
+    assert lock_is_free(folder)
+
+
+def kill_after_first_checkpoint(proc, folder_glob, work):
+    """Wait for the checkpoint at update 60, kill -9 ``proc`` alone (not its group), and check that
+    every process under it is gone within 10 s. Returns their pids."""
+    deadline, family = time.time() + 600, []
+    while proc.poll() is None and time.time() < deadline:
+        logs = list(work.glob(folder_glob + "/train.log"))
+        if logs and re.search(r"Saved checkpoint \S+ \(epoch \d+ @ 60 updates", logs[0].read_text()):
+            family = descendants(proc.pid)
+            break
+        time.sleep(0.2)
+    assert family, f"no checkpoint at update 60 (exit {proc.poll()})"
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        gone_by = time.time() + 10
+        while any(map(alive, family)) and time.time() < gone_by:
+            time.sleep(0.1)
+        assert not any(map(alive, family)), [Path(f"/proc/{p}/cmdline").read_text() for p in family]
+    finally:
+        for p in filter(alive, family):
+            os.kill(p, signal.SIGKILL)
+    return family
+
+
+def descendants(pid):
+    found = children(pid)
+    return found + [d for c in found for d in descendants(c)]
+
+
+def assert_resumed_as_named(rerun_out, train_log):
+    """The rerun announced the update it resumes from, and fairseq-train loaded that one; one trainer."""
+    named = re.findall(r"resuming from \S+ at update (\d+) of 120", rerun_out)
+    assert named and int(named[-1]) >= 60, rerun_out[-3000:]
+    last_start = train_log.rsplit("scripts/run.sh", 1)[1]  # what the rerun's trainer logged
+    loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", last_start)
+    assert loaded == [named[-1]], loaded
+    assert len(re.findall(r"^\+ \S*fairseq-train ", rerun_out, re.M)) == 1
+
+
+def assert_same_run(folder, reference):
+    """The resumed run's record and trained tensors equal the uninterrupted run's, curve point for point."""
+    ours, theirs = (json.loads((f / "results.json").read_text()) for f in (folder, reference))
+    assert ours["results"] == theirs["results"]
+    assert ours["curve"] == theirs["curve"] and {c["updates"] for c in ours["curve"]} >= {60, 120}
+    tensors, state = trained(folder)
+    assert state["optimizer_history"][-1]["num_updates"] == 120
+    expected, _ = trained(reference)
+    assert tensors.keys() == expected.keys() and all(torch.equal(tensors[k], expected[k]) for k in tensors)
+
+
+@pytest.fixture(scope="module")
+def sst2(shared_data, tmp_path_factory):
+    """The SST-2 slice (64 train, 16 dev rows) and the run folder of an uninterrupted run of LONGER."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    raw = write_slice(root / "glue" / "SST-2", shared_data / "glue" / "SST-2", {"train.tsv": 64, "dev.tsv": 16})
+    finish(start(root, raw, *LONGER, log=root / "run.out"), root / "run.out")
+    (folder,) = main_job.find_runs(root, "standin", "SST-2", "lora")
+    return raw, folder
+
+
+@pytest.mark.slow
+def test_a_killed_run_sh_takes_its_trainer_with_it_and_the_rerun_resumes_exactly(sst2, standin_model, tmp_path):
+    raw, reference = sst2
+    proc = start(tmp_path, raw, *LONGER, log=tmp_path / "killed.out")
+    kill_after_first_checkpoint(proc, "checkpoints/standin/SST-2/lora/*", tmp_path)
+    out = finish(start(tmp_path, raw, *LONGER, log=tmp_path / "resumed.out"), tmp_path / "resumed.out")
+    (folder,) = main_job.find_runs(tmp_path, "standin", "SST-2", "lora")
+    assert folder.name == reference.name  # the same configuration
+    assert_resumed_as_named(out, (folder / "train.log").read_text())
+    assert_same_run(folder, reference)
+
+
+SPEC = """
+name: killed
+model: standin
+tasks: [SST-2]
+methods: [lora]
+lrs: [2.0e-4]
+seeds: [1]
+max_update: 120
+args: [--total-batch, 8, --validate-interval-updates, 60]
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_takes_its_slots_run_and_trainer_with_it_and_the_rerun_resumes(sst2, standin_model, tmp_path):
+    raw, reference = sst2
+    spec = tmp_path / "killed.yaml"
+    spec.write_text(SPEC)
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path)]
+    env = {**os.environ, "GLUE_DIR": str(raw.parent)}
+
+    def sweep(log):
+        return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+    family = kill_after_first_checkpoint(sweep(tmp_path / "killed.out"), "checkpoints/standin/SST-2/lora/*", tmp_path)
+    assert len(family) >= 2  # the slot's run.py and its fairseq-train
+    finish(sweep(tmp_path / "resumed.out"), tmp_path / "resumed.out")
+    (folder,) = main_job.find_runs(tmp_path, "standin", "SST-2", "lora")  # run.sh's flags spelled otherwise
+    (slot_log,) = (tmp_path / "sweeps" / "killed" / "logs").glob("*.log")
+    rerun = re.split(r"^# \d{4}-", slot_log.read_text(), flags=re.M)[-1]  # the slot log of the second sweep
+    assert_resumed_as_named(rerun, (folder / "train.log").read_text())
+    assert_same_run(folder, reference)
