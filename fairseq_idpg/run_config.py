@@ -84,9 +84,11 @@ class RunConfig:
     model: str = option("standin", "standin (default), roberta.base, roberta.large, or a folder with model.pt",
                         shown=True)
     seed: int = option(1, "fairseq-train's seed (default 1)", "budget", check=NON_NEGATIVE, shown=True)
-    raw: Optional[str] = option(None, "the task's raw folder (default: $GLUE_DIR / $LMBFF_DIR / ../shared/data)")
+    raw: Optional[str] = option(
+        None, "the task's raw folder (default: $GLUE_DIR / $LMBFF_DIR, else the checkout's data/, where "
+        "scripts/download.sh puts it, downloaded there when missing)")
     bpe_dir: Optional[str] = option(
-        None, "RoBERTa GPT-2 BPE files (default ../shared/roberta_bpe, else models/gpt2_bpe)")
+        None, "RoBERTa GPT-2 BPE files (default models/gpt2_bpe, where scripts/download.sh bpe puts them)")
     few_shot: Optional[int] = option(None, "train on K sampled examples (prepare_data.py --few-shot)", metavar="K",
                                      check=POSITIVE,
                                      excludes=("dev_from_train", "few-shot samples its own dev set"))

@@ -4,6 +4,7 @@ runs without a batch flag; and, slow, README's main job on a clean copy with no 
 $GLUE_DIR (offline: the download fails and the job trains on its made-up sample, saying so), then README's
 fairseq-validate command as written on what it trained."""
 
+import json
 import os
 import re
 import shutil
@@ -140,6 +141,9 @@ def test_the_main_job_on_a_fresh_offline_clone_without_shared_data(tmp_path, sta
     assert not (root / "data" / "glue" / "SST-2").exists()
     (folder,) = (root / "checkpoints" / "standin" / "SST-2" / "m-idpg-phm").iterdir()
     assert '"accuracy"' in (folder / "results.json").read_text()
+    # said again beside the score, and recorded: a table never mistakes it for SST-2's
+    assert "note: trained and scored on made-up sample data" in run.stdout
+    assert json.loads((folder / "results.json").read_text())["made_up_sample"] == str(root / "data/sample/glue/SST-2")
     # README's scoring command as written (DATA and the run folder substituted), no batch flag
     score = f"fairseq-validate data-bin/standin/SST-2 --user-dir fairseq_idpg --path {folder}/checkpoint_best.pt"
     valid = in_clone(root, score)

@@ -42,7 +42,8 @@ def readme_counts():
             m = re.match(r"\|\s*`([\w.-]+\.yaml)`\s*\|.*\|\s*([^|]*?)\s*\|\s*$", line)
             if m:
                 numbers = re.findall(r"\d[\d,]*", m.group(2))
-                counts[readme.parent / m.group(1)] = int(numbers[-1].replace(",", ""))
+                # the spec table comes first (a later GPU-cost table names the specs again)
+                counts.setdefault(readme.parent / m.group(1), int(numbers[-1].replace(",", "")))
     return counts
 
 

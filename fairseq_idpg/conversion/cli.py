@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from .convert import convert
 from .errors import ConversionError, VerificationError
-from .verify import DEFAULT_GLUE_DIR, verify
+from .verify import verify
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,7 +32,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )  # fmt: skip
     parser.add_argument("--verify", action="store_true", help="compare with transformers on GLUE dev sentences")
     parser.add_argument(
-        "--glue-dir", default=None, help=f"GLUE folder for --verify (default $GLUE_DIR or {DEFAULT_GLUE_DIR})"
+        "--glue-dir",
+        default=None,
+        help="GLUE folder for --verify (default: where the main job looks: $GLUE_DIR, the checkout's data/glue)",
     )
     parser.add_argument("--min-cosine", type=float, default=0.9999, help="--verify threshold (default 0.9999)")
     args = parser.parse_args(argv)

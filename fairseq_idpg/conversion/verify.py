@@ -9,6 +9,7 @@ agreement on the stand-in is in docs/standin.md.
 import csv
 import logging
 import os
+from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 from .errors import VerificationError
@@ -17,7 +18,6 @@ from .source import inspect_source, load_hf_state_dict
 logger = logging.getLogger("fairseq_idpg.conversion")
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../fairseq_idpg
-DEFAULT_GLUE_DIR = os.path.join(os.path.dirname(os.path.dirname(USER_DIR)), "shared", "data", "glue")  # ../shared
 FALLBACK_SENTENCES = [
     "it 's a charming and often affecting journey .",
     "Hello world",
@@ -57,13 +57,21 @@ def load_hub(out_dir: str):
 
 
 # ---------------------------------------------------------------- test sentences
+def dev_file(task, glue_dir=None):
+    """``glue_dir/<task>/dev.tsv`` when given, else the first found where the main job looks (``$GLUE_DIR``, the
+    checkout's data/ from scripts/download.sh, ...); None if none has it."""
+    from fairseq_idpg.layout import raw_places
+
+    places = [Path(glue_dir) / task] if glue_dir else [place for _, place in raw_places(task)]
+    return next((str(p / "dev.tsv") for p in places if (p / "dev.tsv").is_file()), None)
+
+
 def glue_examples(glue_dir: Optional[str] = None, n_single: int = 8, n_pairs: int = 4):
     """A few real sentences (SST-2 dev) and sentence pairs (RTE dev); built-in ones if absent."""
-    glue_dir = glue_dir or os.environ.get("GLUE_DIR") or DEFAULT_GLUE_DIR
 
     def rows(task, columns, n):
-        path = os.path.join(glue_dir, task, "dev.tsv")
-        if not os.path.isfile(path):
+        path = dev_file(task, glue_dir)
+        if path is None:
             return []
         with open(path, encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)

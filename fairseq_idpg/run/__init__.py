@@ -1,7 +1,7 @@
 """The main job: prepare a task, train a method on it with fairseq-train, score it with
 fairseq-validate. ``scripts/run.sh`` is a thin wrapper.
 
-    scripts/run.sh SST-2                          # the offline stand-in, ../shared/data
+    scripts/run.sh SST-2                          # the offline stand-in, data/glue/SST-2
     scripts/run.sh RTE --model roberta.large      # models/roberta.large (scripts/download.sh roberta large)
     scripts/run.sh RTE --method NAME --seed 2     # any method of fairseq_idpg/methods.py
     scripts/run.sh MNLI --method inducer-lora --model roberta.large --dry-run   # the command and budget
@@ -26,7 +26,9 @@ sampling) matches what would be prepared now, and prepared again otherwise, sayi
 
 Where the files come from:
 - raw data: ``--raw DIR``, else ``$GLUE_DIR/<TASK>`` (GLUE) or ``$LMBFF_DIR/<task>`` (MR, CR,
-  MPQA, SUBJ), else ``../shared/data/{glue,lmbff}/...`` beside the checkout;
+  MPQA, SUBJ), else the checkout's ``data/{glue,lmbff}/...`` (where ``scripts/download.sh`` puts it;
+  downloaded there when missing; offline, the stand-in job trains on a made-up sample, said as such:
+  ``layout.raw_places``, ``prepared.fetch_raw``);
 - model: ``standin`` (default): all-MiniLM-L6-v2 converted to fairseq RoBERTa format, the
   project's offline stand-in for roberta.large (``scripts/build_standin.sh``; it is a 6-layer
   BERT, not RoBERTa); ``roberta.base`` / ``roberta.large``: ``models/<name>/model.pt`` as

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from fairseq_idpg.errors import RunError
-from fairseq_idpg.layout import REPO
+from fairseq_idpg.layout import REPO, SAMPLE_DIR
 
 SHOWN_METRICS = ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")
 
@@ -108,6 +108,12 @@ def write_json(path, data):
     atomic_write_text(str(path), json.dumps(data, indent=1) + "\n")
 
 
+def made_up_sample(config):
+    """The made-up sample folder a run's data was prepared from (an offline stand-in job without data), or None."""
+    raw = ((config.get("data") or {}).get("provenance") or {}).get("raw")
+    return raw if raw and Path(raw).resolve().is_relative_to(SAMPLE_DIR.resolve()) else None
+
+
 def write_record(p, results, diverged=None):
     """Print the scores and write results.json: the scores, the configuration, the commit, the timings. A
     diverged run (``diverged``: where and why) is a result without scores: ``score`` None, ``results`` {}."""
@@ -116,6 +122,9 @@ def write_record(p, results, diverged=None):
     print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
           f"lr {lr:g}")  # fmt: skip
     show_scores(results, metric)
+    sample = made_up_sample(config)
+    if sample:
+        print(f"note: trained and scored on made-up sample data ({sample}): the score says nothing about {p.task}")
     timings["total"] = round(time.time() - p.start, 1)
     print("times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     print(f"run folder: {save}")
@@ -126,6 +135,7 @@ def write_record(p, results, diverged=None):
         "metric": metric,
         "select_on": config["select_on"],
         "score": None if diverged else results[config["select_on"]].get(metric),
+        **({"made_up_sample": sample} if sample else {}),
         **({"diverged": diverged} if diverged else {}),
         "results": results,
         "seed": request.seed,
