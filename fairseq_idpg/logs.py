@@ -13,6 +13,7 @@ the subsets in the order they were asked for.
 """
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Dict, List
@@ -92,3 +93,10 @@ def validate_scores(text: str, subsets) -> Dict[str, dict]:
     if len(scored) != len(subsets):
         raise ValueError(f"fairseq-validate printed {len(scored)} score line(s) for {len(subsets)} subset(s)")
     return {subset: e.stats for subset, e in zip(subsets, scored, strict=False)}
+
+
+def quiet_setup_logs():
+    """A launcher (run.sh, a sweep) builds models only to check and plan them: fairseq's INFO lines (the
+    backbone loaded, the parameter counts) belong to the runs' own output, not before their headers."""
+    for name in ("fairseq", "fairseq_idpg"):
+        logging.getLogger(name).setLevel(logging.WARNING)

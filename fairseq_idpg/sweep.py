@@ -81,6 +81,7 @@ from fairseq_idpg.run import (
     read_run_file,
     read_run_folder,
     warn_missing,
+    work_dir_refusal,
 )
 from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 
@@ -834,6 +835,12 @@ def parse_args(argv):
             raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if opts.gpus_per_run < 0 or opts.cpus_per_run < 1:
         raise SweepError("--gpus-per-run must be >= 0 and --cpus-per-run >= 1")
+    try:  # a file, or a folder this user cannot write (a dry run writes nothing: it may read one)
+        read_only = work_dir_refusal(Path(opts.work_dir))
+    except RunError as e:
+        raise SweepError(str(e)) from None
+    if read_only and not opts.dry_run:
+        raise SweepError(read_only)
     return opts
 
 
@@ -972,6 +979,9 @@ def sweep(opts):
 if __name__ == "__main__":
     # run as fairseq_idpg.sweep, not __main__: sweep_estimate and results raise fairseq_idpg.sweep's
     # SweepError, which main must catch as the same class to say it in one line (not a traceback)
+    from fairseq_idpg.logs import quiet_setup_logs
     from fairseq_idpg.sweep import main as module_main
+
+    quiet_setup_logs()
 
     sys.exit(module_main())

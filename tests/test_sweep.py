@@ -195,6 +195,30 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
     assert message in err and "\n" not in err, err
 
 
+def test_a_work_dir_that_is_a_file_or_read_only_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    spec = write_spec(tmp_path, "name: s\ntasks: [RTE]\nmethods: [lora]\n")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    before = sorted(tmp_path.rglob("*"))
+    for work, dry in [(afile, ["--dry-run"]), (afile, []), (afile / "sub", [])]:
+        assert sweep.main([str(spec), "--work-dir", str(work), *dry]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"sweep: error: --work-dir {work}") and "is a file, not a folder" in err, err
+        assert "\n" not in err
+    import fairseq_idpg.run.cli as run_cli
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    monkeypatch.setattr(run_cli, "writable", lambda folder: folder != read_only)  # root writes anywhere
+    assert sweep.main([str(spec), "--work-dir", str(read_only)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"sweep: error: --work-dir {read_only} is read-only ({read_only} cannot be written); "
+        "give a folder you can write"
+    )
+    assert sorted(tmp_path.rglob("*")) == sorted([*before, read_only])
+    assert sweep.main([str(spec), "--work-dir", str(read_only), "--dry-run"]) == 0  # a plan writes nothing
+
+
 def test_dry_run_prints_every_run_with_its_budget_and_runs_nothing(tmp_path, capsys):
     spec = REPO / "examples" / "inducer" / "nlu.yaml"
     assert sweep.main([str(spec), "--model", "roberta.large", "--work-dir", str(tmp_path), "--dry-run"]) == 0
