@@ -28,6 +28,12 @@ classification head (fairseq's dense -> tanh -> out_proj on ``<s>``) is a copy o
 GloVe input (M-IDPG-PHM-GloVe) is not compared: their sentence vector is numpy text processing in the forward
 (a fresh N(0, 0.6^2) draw for a sentence with no known word); see docs/idpg.md.
 
+``--dpt-authors PATH`` (an extracted github:XYaoooo/DPT, T5 only) adds DPT's prompt reparameterisation: their
+``T5EncoderStack`` (modeling_t5.py; shim: ``find_pruneable_heads_and_indices`` and ``prune_linear_layer`` put back
+into transformers.modeling_utils) on a 1-layer T5 config, against our ``LowRankPrompt``: the initialisation on the
+same RNG state, then P = A B repeated over the batch and the gradients of A and B on the same tensors (not the
+backbone).
+
 ``--save-fixture DIR`` writes the tiny model's batch, trained values and their side's outputs (tests/data/
 idpg_authors/, read by tests/test_idpg_authors.py without the checkout).
 """
@@ -459,6 +465,54 @@ def authors_commit(checkout):
     return head.read_text().strip() if head.is_file() else "691b282e1a4e7bb27d64b6a635635e7bd7d32299"
 
 
+# ---------------------------------------------------------------------------------------------- DPT (T5-only code)
+def import_dpt(checkout):
+    """Their modeling_t5.py (github:XYaoooo/DPT); shim: find_pruneable_heads_and_indices and prune_linear_layer
+    put back into transformers.modeling_utils (they moved to transformers.pytorch_utils)."""
+    import importlib
+
+    import transformers.modeling_utils as modeling_utils
+    import transformers.pytorch_utils as pytorch_utils
+
+    if not (Path(checkout) / "modeling_t5.py").is_file():
+        raise CheckError(f"--dpt-authors {checkout}: no modeling_t5.py there (extract github:XYaoooo/DPT)")
+    for name in ("find_pruneable_heads_and_indices", "prune_linear_layer"):
+        if not hasattr(modeling_utils, name):
+            setattr(modeling_utils, name, getattr(pytorch_utils, name))
+    sys.path.insert(0, str(checkout))
+    return importlib.import_module("modeling_t5")
+
+
+def dpt_rows(module, length=100, bottleneck=10, dim=1024, batch=3, seed=0):
+    """[(quantity, max |diff|, max |ours|)]: their T5EncoderStack's prompt (prefix_first @ prefix_second, repeated
+    over the batch) against our LowRankPrompt (P = A B), same tensors; initialisation on the same RNG state."""
+    from fairseq_idpg.modules.prompts.soft_prompts import LowRankPrompt
+
+    cfg = module.T5Config(vocab_size=32, d_model=dim, d_kv=8, d_ff=16, num_layers=1, num_heads=2)
+    cfg.bottle_neck, cfg.add_enc_prompt, cfg.len_enc_prompt = bottleneck, True, length
+    theirs = module.T5EncoderStack(cfg, torch.nn.Embedding(32, dim))
+    built = torch.cat([theirs.prefix_first.detach().reshape(-1), theirs.prefix_second.detach().reshape(-1)])
+    rows = [("init: their built A, B beyond [-0.5, 0.5]", max(0.0, built.abs().max().item() - 0.5), 0.5)]
+    torch.manual_seed(seed)
+    ours = LowRankPrompt(length, dim, bottleneck)
+    torch.manual_seed(seed)
+    a, b = torch.empty(length, bottleneck), torch.empty(bottleneck, dim)
+    theirs.init_prefix_weights(a, b)
+    rows += [("init A (same RNG state)", (a - ours.A).abs().max().item(), a.abs().max().item())]
+    rows += [("init B (same RNG state)", (b - ours.B).abs().max().item(), b.abs().max().item())]
+    with torch.no_grad():
+        ours.A.add_(torch.randn(ours.A.shape) * 0.05), ours.B.add_(torch.randn(ours.B.shape) * 0.05)
+        theirs.prefix_first.copy_(ours.A), theirs.prefix_second.copy_(ours.B)
+    weight = torch.randn(batch, length, dim)
+    mine = ours().expand(batch, -1, -1)
+    their = theirs.get_prompt_encoder(batch_size=batch, task_ids=None)
+    (mine * weight).sum().backward(), (their * weight).sum().backward()
+    rows += [("prompt P", (mine - their).abs().max().item(), mine.abs().max().item())]
+    rows += [("grad A", (ours.A.grad - theirs.prefix_first.grad).abs().max().item(), ours.A.grad.abs().max().item())]
+    rows += [("grad B", (ours.B.grad - theirs.prefix_second.grad).abs().max().item(), ours.B.grad.abs().max().item())]
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- main
 def print_table(title, results):
     print(f"\n{title}")
@@ -486,6 +540,7 @@ def main(argv=None):
     parser.add_argument(
         "--save-fixture", metavar="DIR", help="write the tiny model's fixture (tests/data/idpg_authors)"
     )
+    parser.add_argument("--dpt-authors", metavar="PATH", help="also DPT's prompt against github:XYaoooo/DPT there")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |diff| counted as float rounding")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -511,6 +566,9 @@ def check(args):
     if args.model:
         title = f"{args.model} (the stand-in is all-MiniLM-L6-v2 in fairseq RoBERTa format, NOT RoBERTa)"
         results[title] = run_backbone(encoder_cls, checkpoint_backbone(args.model), (14, 10, 7), 1, args.methods, {})
+    if args.dpt_authors:
+        title = "DPT prompt reparameterisation (l 100, b 10, d 1024) against their T5EncoderStack"
+        results[title] = {("dpt", "-"): dpt_rows(import_dpt(args.dpt_authors))}
     worst = 0.0
     for title, table in results.items():
         print_table(title, table)

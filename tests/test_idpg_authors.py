@@ -4,7 +4,8 @@ The fixture tests/data/idpg_authors/outputs.pt holds the authors' side's outputs
 loss, gradients of every trained tensor, in our names) on a tiny random RoBERTa (2 layers x 16, t 2, m 8, n 4)
 with our trained values, written once by scripts/idpg_authors_check.py --save-fixture (provenance.json there).
 The first test recomputes our side without the authors' checkout; the second runs the script end to end when
-the checkout is at $IDPG_AUTHORS (or /tmp/idpg-authors)."""
+the checkout is at $IDPG_AUTHORS (or /tmp/idpg-authors), with DPT's (github:XYaoooo/DPT) when it is at
+$DPT_AUTHORS (or /tmp/dpt-authors)."""
 
 import os
 import subprocess
@@ -62,6 +63,7 @@ def test_fixture_is_small_and_has_its_provenance():
 
 SCRIPT = REPO / "scripts" / "idpg_authors_check.py"
 CHECKOUT = Path(os.environ.get("IDPG_AUTHORS", "/tmp/idpg-authors"))
+DPT = Path(os.environ.get("DPT_AUTHORS", "/tmp/dpt-authors"))
 
 
 @pytest.mark.skipif(
@@ -69,10 +71,13 @@ CHECKOUT = Path(os.environ.get("IDPG_AUTHORS", "/tmp/idpg-authors"))
     reason="no authors' checkout (github:CSerxy/IDPG) at $IDPG_AUTHORS or /tmp/idpg-authors",
 )
 def test_script_end_to_end_against_the_checkout():
+    dpt = ["--dpt-authors", str(DPT)] if (DPT / "modeling_t5.py").is_file() else []
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--idpg-authors", str(CHECKOUT), "--model", ""],
+        [sys.executable, str(SCRIPT), "--idpg-authors", str(CHECKOUT), "--model", "", *dpt],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "equal to float rounding" in out.stdout
     assert out.stdout.count("m-idpg-phm   eval   prompt P_1") == 1
+    if dpt:
+        assert "dpt          -      grad B" in out.stdout
