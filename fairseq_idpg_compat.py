@@ -8,7 +8,8 @@ nothing but ``dataclasses`` and ``sys.meta_path``: the fixes of fairseq modules 
 right after those modules load (a post-import hook), so processes that never import
 fairseq pay nothing.
 
-One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/test_faults_training.py``):
+One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/test_faults_training.py``, 14 and
+15 in ``tests/test_foreach_adam.py``):
 
 1. ``dataclass_identity_hash``: Python 3.11 rejects a dataclass field whose default is an
    unhashable object; fairseq's ``FairseqConfig`` uses instances of other config
@@ -110,6 +111,26 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
    added a StopIteration traceback). It now ends with one line on stderr, ``FloatingPointError: REASON at
    update N (lr LR is likely too high: try a lower --lr)``, exit status 1, and no crash.pt (nothing can resume from that
    state). The line starts as Python's did, so the main job still reads the reason from train.log.
+
+14. ``foreach_adam``: without apex (no fused Adam), fairseq's ``Adam`` (``--optimizer adam``, and
+   ``adam_head_lr`` built on it) updates the trained tensors in a Python loop, about 10 kernels each per
+   update (LoRA's 24-layer model: ~1,400 launches, full fine-tuning ~5,200). ``fairseq.optim.adam.Adam`` is
+   now ``ForeachAdam``: fairseq's update in ``torch._foreach_*`` operators over all the tensors of a
+   parameter group at once (a few launches, whatever their number). The maths is fairseq's, operator for
+   operator: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g g``, ``denom = sqrt(v) + eps`` (eps before
+   the bias correction, unlike ``torch.optim.AdamW``), ``p -= wd lr p`` (decoupled, before the step),
+   ``p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / denom``; fp32 moments and maths for fp16/bf16 tensors
+   (``MemoryEfficientFP16Optimizer``), written back in their dtype; the same state keys (``step`` an int,
+   ``exp_avg``, ``exp_avg_sq``), so checkpoints of either resume with the other. Flags, config and run
+   folders are unchanged. fairseq's loop stays as ``ForeachAdam.per_tensor`` (the tests' reference).
+
+15. ``foreach_gradient_loops``: the rest of fairseq's update loops over the trained tensors in Python too
+   (without apex's ``amp_C``): ``clip_grad_norm_`` (one norm per tensor, then one multiply per tensor),
+   ``multiply_grads`` (one multiply per tensor) and, in bf16 and in fp16 with ``--fp16-no-flatten-grads``,
+   ``FP16Optimizer``'s fp32 copies (zeroing, gradient and parameter copies: one each per tensor), about 6
+   launches per tensor per update. Each loop is one foreach operator now, with the same operators per tensor
+   (``torch.norm(g, 2, float32)``, ``mul_``, ``copy_``, ``zero_``), so the values are the same; the flat
+   copies, apex, expert parameters and a single tensor keep fairseq's code.
 
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
@@ -671,6 +692,13 @@ def fp16_optimizer_on_any_device(fp16_optimizer):
     mixin.build_fp32_params = classmethod(build_fp32_params)
 
 
+def _patch_fp16_optimizer(module):
+    fp16_optimizer_on_any_device(module)
+    if not getattr(module._FP16OptimizerMixin, "_fairseq_idpg_foreach", False):
+        foreach_fp32_copies(module)
+        module._FP16OptimizerMixin._fairseq_idpg_foreach = True
+
+
 def trainer_overflow_without_cuda(trainer):
     """Where torch has no CUDA, ``fairseq.trainer``'s ``torch.tensor(0.0).cuda()`` (the grad norm of an
     update skipped for a loss-scale overflow) stays on the CPU; with CUDA nothing changes."""
@@ -751,12 +779,229 @@ def _patch_trainer(module):
     one_line_divergence(module)
 
 
+# ---------------------------------------------------------------- 14. foreach Adam
+_HALF = ("float16", "bfloat16")
+
+
+def _master_dtype(torch, p):
+    """fairseq's ``p_data_fp32``'s dtype: fp32 for a half tensor, else the tensor's own."""
+    return torch.float32 if str(p.dtype).rsplit(".", 1)[-1] in _HALF else p.dtype
+
+
+def _adam_state(torch, state, p, amsgrad):
+    """fairseq's per-tensor state (``step`` an int, the moments in the master dtype), made or moved back to
+    it (a loaded state dict is cast to the parameter's dtype by torch); no operator when already there."""
+    dtype = _master_dtype(torch, p)
+    keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if amsgrad else ("exp_avg", "exp_avg_sq")
+    if len(state) == 0:
+        state["step"] = 0
+        for key in keys:
+            state[key] = torch.zeros_like(p, dtype=dtype)
+    for key in keys:
+        if state[key].dtype != dtype or state[key].device != p.device:
+            state[key] = state[key].to(device=p.device, dtype=dtype)
+    return state
+
+
+def _adam_buckets(torch, optimizer, group):
+    """The group's tensors with a gradient, their step counted, in buckets that one set of foreach operators
+    updates: the same device, dtype and step (a tensor without a gradient in some update lags behind)."""
+    buckets = {}
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+        state = _adam_state(torch, optimizer.state[p], p, group.get("amsgrad", False))
+        state["step"] += 1
+        buckets.setdefault((p.device, p.dtype, p.grad.dtype, state["step"]), []).append((p, state))
+    return list(buckets.values())
+
+
+def _as_dtype(torch, tensors, dtype):
+    """``tensors`` in ``dtype``: themselves, or fp32 copies made by one foreach copy (fairseq's ``.float()``)."""
+    if tensors[0].dtype == dtype:
+        return tensors
+    copies = [torch.empty_like(t, dtype=dtype) for t in tensors]
+    torch._foreach_copy_(copies, tensors)
+    return copies
+
+
+def _adam_update(torch, bucket, group):
+    """fairseq's ``Adam.step`` for one bucket, operator for operator, each a foreach operator."""
+    import math
+
+    params, states = [p for p, _ in bucket], [s for _, s in bucket]
+    dtype, step = _master_dtype(torch, params[0]), states[0]["step"]
+    grads, master = _as_dtype(torch, [p.grad for p in params], dtype), _as_dtype(torch, params, dtype)
+    exp_avg, exp_avg_sq = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+    (beta1, beta2), lr = group["betas"], group["lr"]
+    torch._foreach_mul_(exp_avg, beta1)
+    torch._foreach_add_(exp_avg, grads, alpha=1 - beta1)
+    torch._foreach_mul_(exp_avg_sq, beta2)
+    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+    if group.get("amsgrad", False):
+        max_exp_avg_sq = [s["max_exp_avg_sq"] for s in states]
+        torch._foreach_maximum_(max_exp_avg_sq, exp_avg_sq)
+        exp_avg_sq = max_exp_avg_sq
+    denom = torch._foreach_sqrt(exp_avg_sq)
+    torch._foreach_add_(denom, group["eps"])  # eps before the bias correction, as fairseq
+    step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    if group["weight_decay"] != 0:
+        torch._foreach_add_(master, master, alpha=-group["weight_decay"] * lr)
+    torch._foreach_addcdiv_(master, exp_avg, denom, value=-step_size)
+    if master is not params:
+        torch._foreach_copy_(params, master)
+
+
+def foreach_adam(adam):
+    """``fairseq.optim.adam.Adam`` becomes ``ForeachAdam``: its update over each parameter group at once."""
+    if getattr(adam.Adam, "_fairseq_idpg_compat", False):
+        return
+    import torch
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False):
+        # fairseq's, without its ``super(Adam, self)``: ``Adam`` is looked up in the module, now this class
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        torch.optim.Optimizer.__init__(self, params, defaults)
+
+    # fairseq's loop, constructible whatever ``adam.Adam`` names
+    per_tensor = type("PerTensorAdam", (adam.Adam,), {"__init__": __init__, "__module__": adam.__name__})
+
+    class ForeachAdam(torch.optim.Optimizer):
+        """fairseq's Adam (``per_tensor``: its loop over the tensors) in foreach operators (fix 14)."""
+
+        _fairseq_idpg_compat = True
+        supports_memory_efficient_fp16 = True
+        supports_flat_params = True
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            loss = closure() if closure is not None else None
+            for group in self.param_groups:
+                for bucket in _adam_buckets(torch, self, group):
+                    _adam_update(torch, bucket, group)
+            return loss
+
+    ForeachAdam.__init__ = __init__
+    ForeachAdam.per_tensor = per_tensor
+    ForeachAdam.__module__ = adam.__name__
+    adam.Adam = ForeachAdam
+
+
+# ---------------------------------------------------------------- 15. foreach gradient loops
+def _foreach_clip_grad_norm(utils):
+    """``utils.clip_grad_norm_``: the per-tensor norms and the clip's multiplies as foreach operators."""
+    import torch
+
+    original = utils.clip_grad_norm_
+
+    def clip_grad_norm_(params, max_norm, aggregate_norm_fn=None):
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        with_grad = [p for p in params if p is not None and getattr(p, "grad", None) is not None]
+        plain = not any(hasattr(p, "expert") for p in with_grad)
+        if len(with_grad) < 2 or not plain or utils.multi_tensor_l2norm_available or with_grad[0].device.type == "xla":
+            return original(params, max_norm, aggregate_norm_fn)
+        grads = [p.grad.detach() for p in with_grad]
+        total_norm = torch.norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+        if aggregate_norm_fn is not None:
+            total_norm = aggregate_norm_fn(total_norm)
+        if max_norm > 0:
+            clip_coef = (float(max_norm) / (total_norm + 1e-6)).clamp_(max=1)
+            torch._foreach_mul_(grads, clip_coef)
+        return total_norm
+
+    clip_grad_norm_._fairseq_idpg_compat, clip_grad_norm_.per_tensor = True, original
+    utils.clip_grad_norm_ = clip_grad_norm_
+
+
+def _foreach_multiply_grads(fairseq_optimizer):
+    """``FairseqOptimizer.multiply_grads``: one foreach multiply."""
+    import torch
+
+    per_tensor = fairseq_optimizer.FairseqOptimizer.multiply_grads
+
+    def multiply_grads(self, c):
+        grads = [p.grad.data for p in self.params if p.grad is not None]
+        if grads and not torch.is_tensor(c) and grads[0].dtype in (torch.float16, torch.bfloat16):
+            return per_tensor(self, c)  # the CPU's foreach multiply of a half tensor by a number rounds otherwise
+        if grads:
+            torch._foreach_mul_(grads, c.to(grads[0].device) if torch.is_tensor(c) else c)
+
+    multiply_grads.per_tensor = per_tensor
+    fairseq_optimizer.FairseqOptimizer.multiply_grads = multiply_grads
+
+
+def foreach_gradient_loops(module):
+    """Fix 15 in ``fairseq.utils`` and ``fairseq.optim.fairseq_optimizer``, each patched once."""
+    if module.__name__ == "fairseq.utils" and not getattr(module.clip_grad_norm_, "_fairseq_idpg_compat", False):
+        _foreach_clip_grad_norm(module)
+    elif module.__name__ == "fairseq.optim.fairseq_optimizer" and not hasattr(
+        module.FairseqOptimizer.multiply_grads, "per_tensor"
+    ):
+        _foreach_multiply_grads(module)
+
+
+def _fp32_pairs(optimizer):
+    """(fp16 parameters, their fp32 copies) of a not flattened ``FP16Optimizer``, the trained ones."""
+    pairs = [(p, p32) for p, p32 in zip(optimizer.fp16_params, optimizer.fp32_params, strict=True) if p.requires_grad]
+    return [p for p, _ in pairs], [p32 for _, p32 in pairs]
+
+
+def foreach_fp32_copies(fp16_optimizer):
+    """``FP16Optimizer``'s per-tensor copies to and from its fp32 copies, and their zeroing, as foreach
+    operators where the copies are not flattened (bf16; ``--fp16-no-flatten-grads``)."""
+    import torch
+
+    mixin = fp16_optimizer._FP16OptimizerMixin
+    sync_grads, zero_grad = mixin._sync_fp16_grads_to_fp32, mixin.zero_grad
+
+    def _sync_fp16_grads_to_fp32(self):
+        params, copies = ([], []) if self.has_flat_params else _fp32_pairs(self)
+        if not (self._needs_sync and params and all(p32.grad is not None for p32 in copies)):
+            return sync_grads(self)  # fairseq's: flat copies, the first update, nothing to do
+        pairs = [(p.grad.data, p32.grad.data) for p, p32 in zip(params, copies, strict=True) if p.grad is not None]
+        unreached = [p32.grad.data for p, p32 in zip(params, copies, strict=True) if p.grad is None]
+        if pairs:
+            torch._foreach_copy_([p32 for _, p32 in pairs], [g for g, _ in pairs])
+        if unreached:  # fairseq gives them new zeros (a head the loss does not reach)
+            torch._foreach_zero_(unreached)
+        self._needs_sync = False
+
+    def sync_params(self):
+        params, copies = _fp32_pairs(self)
+        if params:
+            torch._foreach_copy_([p.data for p in params], [p32.data for p32 in copies])
+
+    def foreach_zero_grad(self):
+        if self.has_flat_params:
+            return zero_grad(self)
+        for p in self.fp16_params:
+            p.grad = None
+        grads = [p32.grad for p32 in self.fp32_params if p32.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
+        self._needs_sync = False
+        if self.scaler is not None:
+            self._multiply_factor = 1.0 / float(self.scaler.loss_scale)
+
+    flat_sync = mixin._sync_fp32_params_to_fp16
+    mixin._fairseq_idpg_per_tensor = dict(
+        _sync_fp16_grads_to_fp32=sync_grads, _sync_fp32_params_to_fp16=flat_sync, zero_grad=zero_grad
+    )
+    mixin._sync_fp16_grads_to_fp32, mixin.zero_grad = _sync_fp16_grads_to_fp32, foreach_zero_grad
+    mixin._sync_fp32_params_to_fp16 = lambda self: (flat_sync if self.has_flat_params else sync_params)(self)
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
     "fairseq.distributed.utils": _patch_distributed_utils,
     "fairseq.options": bf16_without_tpu,
-    "fairseq.optim.fp16_optimizer": fp16_optimizer_on_any_device,
+    "fairseq.optim.fp16_optimizer": _patch_fp16_optimizer,
+    "fairseq.optim.fairseq_optimizer": foreach_gradient_loops,
+    "fairseq.utils": foreach_gradient_loops,
+    "fairseq.optim.adam": foreach_adam,
     "fairseq.trainer": _patch_trainer,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
     "fairseq_cli.train": lambda module: one_line_cli_errors(module, "fairseq-train"),

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 NO_KERNEL = frozenset(
@@ -53,10 +54,17 @@ NO_KERNEL = frozenset(
         "aten::empty_like",
         "aten::empty_strided",
         "aten::lift_fresh",
-        "aten::_record_function_enter_new",
-        "aten::_record_function_exit",
+        # the profiler's ranges (torch.optim's steps, fairseq's trainer): host-side markers
+        "profiler::_record_function_enter_new",
+        "profiler::_record_function_exit",
     }
 )
+# host syncs: operators that read a device value on the host (``.item()``, ``bool()``, ``float()``: all
+# ``_local_scalar_dense``) or whose output's size depends on the values; and tensor methods that copy to the host
+HOST_SYNC_OPS = frozenset(
+    {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive"}
+)
+HOST_READS = frozenset({"cpu", "tolist", "numpy"})
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
 # the frames a launch is traced to, innermost first (path fragments, "/" separated)
 PROJECT_DIRS = ("/fairseq_idpg/", "/fairseq/", "/transformers/", "/peft/", "/torch/optim/", "/scripts/", "/tests/")
@@ -139,10 +147,15 @@ class Launches:
     by_op: Counter = field(default_factory=Counter)
     by_line: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)  # views and allocations, not in total
+    syncs: Counter = field(default_factory=Counter)  # host syncs per source line (``HOST_SYNC_OPS``, ``HOST_READS``)
 
     @property
     def total(self) -> int:
         return sum(self.by_op.values())
+
+    @property
+    def host_syncs(self) -> int:
+        return sum(self.syncs.values())
 
 
 class _Counting(TorchDispatchMode):
@@ -163,11 +176,36 @@ class _Counting(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket.__name__)
+        if name in HOST_SYNC_OPS:
+            self.launches.syncs[source_line(_python_frames())] += 1
         if launches_kernel(func) and not self._on_host(args):
             self.count(name)
         else:
             self.launches.skipped[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+class _HostReads(TorchFunctionMode):
+    """Counts the tensor methods that copy a tensor to the host (``HOST_READS``): on the CPU they dispatch
+    nothing, on a GPU each waits for the device."""
+
+    def __init__(self, launches):
+        super().__init__()
+        self.launches = launches
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS or (name == "to" and _to_host(args[1:], kwargs)):
+            self.launches.syncs[source_line(_python_frames())] += 1
+        return func(*args, **kwargs)
+
+
+def _to_host(args, kwargs):
+    """Whether ``Tensor.to``'s arguments name the CPU by name (``"cpu"``): a ``torch.device`` is the CPU in a CPU
+    count whatever it is in a GPU run (fairseq's ``.to(p.grad.device)``), so it is not counted."""
+    device = kwargs.get("device", args[0] if args else None)
+    return isinstance(device, str) and torch.device(device).type == "cpu"
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -223,7 +261,7 @@ def count_launches(fn, trace=True, cuda_like=True, host=()) -> Launches:
     anomaly = torch.autograd.set_detect_anomaly(True, check_nan=False) if trace else contextlib.nullcontext()
     counter = _Counting(launches, trace, host)
     cuda = _cuda_like(counter) if cuda_like else contextlib.nullcontext()
-    with anomaly, cuda, counter:
+    with anomaly, cuda, counter, _HostReads(launches):
         fn()
     return launches
 
@@ -402,3 +440,97 @@ def per_update(build, name, shape, dtype=torch.bfloat16, trace=True):
     shallow = model_launches(build, name, shape, half, dtype, trace=False)
     per_layer = (full.total - shallow.total) / (shape.layers - half)
     return PerUpdate(full.total, per_layer, full.total - per_layer * shape.layers, full)
+
+
+# ---------------------------------------------------------------------------------------- a fairseq-train update
+PRECISIONS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def train_folders(shape, folder):
+    """(backbone folder, data folder) for fairseq-train at ``shape``, written into ``folder`` once: a random
+    RoBERTa of the shape and synthetic SST-2 sentences of ``shape.length`` tokens (``check_gpu``'s)."""
+    from pathlib import Path
+
+    from fairseq_idpg.check_gpu.data import write_synthetic_data
+    from fairseq_idpg.conversion.tiny import write_tiny_roberta
+
+    model, data = Path(folder) / "model", Path(folder) / "data"
+    if not (model / "model.pt").exists():
+        write_tiny_roberta(model, layers=shape.layers, dim=shape.dim, heads=shape.heads, ffn=shape.ffn)
+    if not (data / "task.json").exists():
+        write_synthetic_data(data, model / "dict.txt", train=4 * shape.batch, valid=shape.batch, tokens=shape.length)
+    return model, data
+
+
+def train_argv(name, shape, dtype, folder):
+    """fairseq-train's arguments for record ``name`` as ``scripts/run.sh`` plans them (its recipe's Adam,
+    clipping, schedule, logging every update), on the CPU, at ``shape``, in ``dtype``."""
+    from fairseq_idpg.check_gpu.training import Setup, fairseq_train_argv, launcher_command
+
+    model, data = train_folders(shape, folder)
+    setup = Setup(model, data, model.parent / "runs", True, shape.batch, shape.length, updates=100)
+    return fairseq_train_argv(launcher_command(setup, name, PRECISIONS[dtype]), cpu=True)
+
+
+def build_trainer(argv):
+    """(trainer, a training sample) as ``fairseq_cli.train.main`` builds them from ``argv``: its task, model,
+    criterion and optimizer; the first batch, a quarter of its rows padded to half the length (``tiny_batch``)."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.logging import metrics
+    from fairseq.trainer import Trainer
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    metrics.reset()
+    metrics.log_start_time("wall", priority=790, round=0)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    epoch_itr = trainer.get_train_iterator(epoch=1, load_dataset=True)
+    trainer.lr_step(epoch_itr.epoch)
+    trainer.begin_epoch(epoch_itr.epoch)
+    sample = next(iter(epoch_itr.next_epoch_itr(shuffle=False)))
+    return trainer, _pad_a_quarter(sample, task.source_dictionary)
+
+
+def _pad_a_quarter(sample, dictionary):
+    """``sample`` with a quarter of its rows cut to half the length and padded, as ``tiny_batch``'s."""
+    tokens = sample["net_input"]["src_tokens"]
+    short, half = max(1, len(tokens) // 4), tokens.size(1) // 2
+    tokens[:short, half:] = dictionary.pad()
+    tokens[:short, half - 1] = dictionary.eos()
+    sample["net_input"]["src_lengths"][:short] = half
+    sample["ntokens"] = int(tokens.ne(dictionary.pad()).sum())
+    return sample
+
+
+def fairseq_train_update(trainer, sample):
+    """One iteration of ``fairseq_cli.train.train``'s loop: the update, then the log line at the log interval
+    (the meters' smoothed values; the line itself is not written)."""
+    from fairseq.logging import metrics
+    from fairseq_cli.train import get_training_stats
+
+    with metrics.aggregate("train_inner"):
+        log_output = trainer.train_step([sample])
+    if log_output is not None and trainer.get_num_updates() % trainer.cfg.common.log_interval == 0:
+        get_training_stats(metrics.get_smoothed_values("train_inner"))
+        metrics.reset_meters("train_inner")
+
+
+def update_launches(name, shape, dtype=torch.bfloat16, warmup=2, trace=True, folder=None):
+    """The launches (and ``host_syncs``) of one fairseq-train update of record ``name`` after ``warmup``:
+    fairseq's ``Trainer`` with the run's task, model, criterion and optimizer (loss scaling, clipping, the
+    meters and the log line included), on one thread, the same batch each time (IDPG's first update fills its
+    M(x) cache, the next ones read it)."""
+    import tempfile
+
+    from fairseq.logging import metrics
+
+    with contextlib.ExitStack() as stack:
+        folder = folder or stack.enter_context(tempfile.TemporaryDirectory())
+        trainer, sample = build_trainer(train_argv(name, shape, dtype, folder))
+        stack.enter_context(one_thread())
+        stack.enter_context(metrics.aggregate("train"))  # train() runs under it
+        for _ in range(warmup):
+            fairseq_train_update(trainer, sample)
+        return count_launches(lambda: fairseq_train_update(trainer, sample), trace=trace)

@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from fairseq_idpg.launches import Shape, counterpart, ours, per_update, theirs
+from fairseq_idpg.launches import Shape, counterpart, ours, per_update, theirs, update_launches
 from fairseq_idpg.methods import METHODS, methods_where
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -44,6 +44,7 @@ def parse_args(argv):
     p.add_argument("--length", type=int, default=32)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--top", type=int, default=0, help="also the N source lines of ours that launch the most")
+    p.add_argument("--no-update", action="store_true", help="without the whole fairseq-train update's table")
     args = p.parse_args(argv)
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
@@ -75,9 +76,9 @@ def main(argv=None):
     )
     print(f"{'method':<17}{'ours':>8}{'/layer':>9}{'fixed':>7}  {'counterpart':<15}{'theirs':>8}{'/layer':>9}"
           f"{'fixed':>7}{'ratio':>8}")  # fmt: skip
-    tops = {}
+    tops, steps = {}, {}
     for name in args.methods:
-        mine = per_update(ours, name, shape, dtype, trace=args.top > 0)
+        mine = steps[name] = per_update(ours, name, shape, dtype, trace=args.top > 0)
         peft = per_update(theirs, name, shape, dtype, trace=False)
         print(row(name, mine, peft), flush=True)
         tops[name] = mine.launches.by_line.most_common(args.top)
@@ -86,7 +87,27 @@ def main(argv=None):
             print(f"\n{name}: top source lines (ours)")
             for line, n in lines:
                 print(f"{n:>7,}  {line}")
+    if not args.no_update:
+        whole_updates(args.methods, shape, dtype, {name: mine.total for name, mine in steps.items()}, args.top)
     return 0
+
+
+def whole_updates(methods, shape, dtype, steps, top):
+    """The second table: one fairseq-train update (fairseq's Trainer: optimizer wrappers, clipping, loss
+    scaling, meters, the log line) against the model's own step, and the update's host syncs."""
+    print("\na whole fairseq-train update (its Trainer, the run's flags) / the model step above; host syncs")
+    print(f"{'method':<17}{'step':>8}{'update':>8}{'ratio':>7}{'syncs':>7}")
+    lines = {}
+    for name in methods:
+        update = update_launches(name, shape, dtype, trace=top > 0)
+        print(f"{name:<17}{steps[name]:>8,}{update.total:>8,}{update.total / steps[name]:>7.2f}"
+              f"{update.host_syncs:>7}", flush=True)  # fmt: skip
+        lines[name] = update.syncs
+    if top:
+        for name, syncs in lines.items():
+            print(f"\n{name}: host syncs of the update, by line")
+            for line, n in syncs.most_common():
+                print(f"{n:>7,}  {line}")
 
 
 if __name__ == "__main__":

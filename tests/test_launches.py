@@ -66,3 +66,36 @@ def test_m_idpg_launches_at_most_1_65_times_prompt_tuning(counted):
 @pytest.mark.parametrize("name", ["prefix-tuning", "m-idpg-phm", "houlsby-adapter", "inducer"])
 def test_fp16_steps_launch_what_bf16_steps_launch(counted, name):
     assert launches(ours, name, torch.float16) == counted("ours", name)
+
+
+# ---------------------------------------------------------------------------------------- a fairseq-train update
+# host syncs of one bf16 update (docs/launches.md): fairseq's padding check (2), grad-norm finiteness (2), the
+# meters' .item() at the log line (7-8); the prompt models' padding check (1); M-IDPG's cache look-up (4)
+UPDATE_SYNCS = {"prompt-tuning-5": 10, "lora": 13, "m-idpg-phm": 14}
+
+
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory):
+    """{(name, dtype): Launches of one fairseq-train update}, counted once for the module."""
+    from fairseq_idpg.launches import update_launches
+
+    cache, folder = {}, tmp_path_factory.mktemp("update")
+
+    def get(name, dtype=torch.bfloat16):
+        if (name, dtype) not in cache:
+            cache[name, dtype] = update_launches(name, SHAPE, dtype, trace=False, folder=folder)
+        return cache[name, dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "lora", "m-idpg-phm"])
+def test_a_fairseq_train_update_launches_at_most_1_10_times_the_model_step(counted, updates, name):
+    """fairseq's Trainer around the step (optimizer wrappers, clipping, meters) adds at most a tenth: no
+    loop over the trained tensors (compat fixes 14 and 15)."""
+    assert updates(name).total <= 1.10 * counted("ours", name)
+
+
+@pytest.mark.parametrize("name", sorted(UPDATE_SYNCS))
+def test_a_fairseq_train_update_syncs_with_the_host_at_most_the_pinned_times(updates, name):
+    assert updates(name).host_syncs <= UPDATE_SYNCS[name], updates(name).syncs
