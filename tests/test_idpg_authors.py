@@ -79,5 +79,7 @@ def test_script_end_to_end_against_the_checkout():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "equal to float rounding" in out.stdout
     assert out.stdout.count("m-idpg-phm   eval   prompt P_1") == 1
+    assert "m-idpg-phm   pos 2  grad generator.biases.rest" in out.stdout  # positions 1-3: in the verdict
+    assert "position 4: largest relative difference" in out.stdout  # the known difference, reported apart
     if dpt:
         assert "dpt          -      grad B" in out.stdout
