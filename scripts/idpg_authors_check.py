@@ -25,8 +25,10 @@ their file; ``'cuda:0'`` -> ``'cpu'``; ``idx < 23`` (no prompt after roberta-lar
 len(self.layers) - 1``; ``self.generator_dim = 1024`` (roberta-large's d) -> ``embedding_dim``; ``np.float`` ->
 ``float``. ``n_trans_layers_to_freeze`` is the model's layer count (their RobertaEncoder passes 24). Their
 classification head (fairseq's dense -> tanh -> out_proj on ``<s>``) is a copy of ours on their features.
-GloVe input (M-IDPG-PHM-GloVe) is not compared: their sentence vector is numpy text processing in the forward
-(a fresh N(0, 0.6^2) draw for a sentence with no known word); see docs/idpg.md.
+With --model, M-IDPG-PHM-GloVe too (their glove-multi-suffix-*-phm-layerb.sh flags), on a 300-d GloVe-format
+file of random vectors for the batch's words (a third of them left out: unknown words) and rows of whole-word
+entries of the model's dictionary; shim: their ``decode`` (fairseq 0.9's GPT-2 BPE) is our detokenizer's, so both
+sides average the vectors of the same text (their Eq. 5 word processing and file reading are theirs).
 
 ``--dpt-authors PATH`` (an extracted github:XYaoooo/DPT, T5 only) adds DPT's prompt reparameterisation: their
 ``T5EncoderStack`` (modeling_t5.py; shim: ``find_pruneable_heads_and_indices`` and ``prune_linear_layer`` put back
@@ -55,6 +57,7 @@ sys.path.insert(0, str(REPO))
 DEFAULT_MODEL = REPO / "models" / "minilm-l6-fairseq" / "model.pt"
 HEAD = "head"
 METHODS = ("s-idpg-phm", "s-idpg-dnn", "m-idpg-phm", "m-idpg-dnn")
+GLOVE = "m-idpg-phm-glove"
 # the fixture's tiny model: small enough for a few KB of outputs
 FIXTURE = dict(layers=2, dim=16, heads=2, ffn=32, seed=0, t=2, hidden=8, n=4, lengths=(9, 7, 5), batch_seed=0)
 SHIM = (
@@ -129,15 +132,16 @@ def import_authors(checkout, position_4="released"):
     return encoder.TransformerSentenceEncoder
 
 
-def their_flags(method, hidden, n, position=0):
-    """Their encoder's IDPG arguments for one of METHODS (their scripts' flags; ``--insert-position``)."""
+def their_flags(method, hidden, n, position=0, glove=None):
+    """Their encoder's IDPG arguments for one of METHODS (their scripts' flags; ``--insert-position``;
+    GloVe: glove-multi-suffix-*_finetune-phm-layerb.sh, ``--glove`` and no ``--middle-previous``)."""
     multi = method.startswith("m-")
     return dict(
-        add_suffix=True, sentence_generation="roberta", generation_net="dnn", generation_layer=2,
-        insert_position=position,
-        generation_quaternions=n if method.endswith("phm") else None, phm_bottleneck_dim=hidden,
+        add_suffix=True, sentence_generation="glove" if glove else "roberta", glove_path=glove,
+        generation_net="dnn", generation_layer=2, insert_position=position,
+        generation_quaternions=n if "phm" in method else None, phm_bottleneck_dim=hidden,
         middle_prompt_insert_layer=1 if multi else 25, middle_prompt_mode="layerb" if multi else "none",
-        middle_previous=multi,
+        middle_previous=multi and not glove,
     )  # fmt: skip
 
 
@@ -155,7 +159,7 @@ def build_theirs(encoder_cls, ours, method, dropout):
         attention_dropout=dropout, activation_dropout=dropout, max_seq_len=enc.embed_positions.max_positions,
         num_segments=0, encoder_normalize_before=True, apply_bert_init=True, activation_fn="gelu",
         freeze_embeddings=True, n_trans_layers_to_freeze=a.encoder_layers, suffix_len=gen.t,
-        generation_dropout=dropout, **their_flags(method, hidden, n, a.prompt_position),
+        generation_dropout=dropout, **their_flags(method, hidden, n, a.prompt_position, a.idpg_glove_vectors),
     )  # fmt: skip
     state = {k.replace("layernorm_embedding", "emb_layer_norm"): v for k, v in enc.state_dict().items()}
     missing, unexpected = theirs.load_state_dict(state, strict=False)
@@ -163,6 +167,8 @@ def build_theirs(encoder_cls, ours, method, dropout):
     frozen = [k for k in frozen if ".middle_layer_norm." not in k]  # their layers' unused extra LayerNorm
     if frozen or [k for k in unexpected if k != "version"]:
         raise CheckError(f"backbone weights do not map onto their encoder: missing {frozen}, unexpected {unexpected}")
+    if ours.glove is not None:  # shim: their decode (fairseq 0.9's GPT-2 BPE) -> our detokenizer's same text
+        theirs.decode = ours.glove.detokenizer.decode
     return theirs
 
 
@@ -291,10 +297,11 @@ def _their_prompt_hooks(theirs, t, prompts):
     first = theirs.padding_idx + 2  # slot j (1..t) of the sequence has position padding_idx + 1 + j
     positions = theirs.embed_positions.weight[first : first + t].detach()
     state = {"pass": 0, "after": {}}
+    prompted = 1 if theirs.sentence_generation == "glove" else 2  # GloVe: no first pass through the encoder
 
     def embedded(m, i):
         state["pass"] += 1
-        if state["pass"] == 2:
+        if state["pass"] == prompted:
             prompts.append((i[0][:, 1 : 1 + t] - positions).detach().clone())
 
     def layer_out(l):
@@ -302,7 +309,7 @@ def _their_prompt_hooks(theirs, t, prompts):
 
     def layer_in(l):
         def hook(m, i):
-            if state["pass"] == 2:
+            if state["pass"] == prompted:
                 prompts.append((i[0][1 : 1 + t].detach() - state["after"][l - 1]).transpose(0, 1))
 
         return hook
@@ -586,6 +593,45 @@ def run_positions(encoder_cls, backbone, methods):
     }
 
 
+def write_glove(folder, dictionary, batch, dim=300, seed=3):
+    """A GloVe-format file (random vectors) for the batch's words, all but every third one (unknown words)."""
+    from fairseq_idpg.modules.prompts.detokenize import Detokenizer
+    from fairseq_idpg.modules.prompts.glove import sentence_words
+
+    detok = Detokenizer(dictionary)
+    words = sorted({w for row in batch[0] for w in sentence_words(detok.decode(row))})
+    g = torch.Generator().manual_seed(seed)
+    path = Path(folder) / f"glove.check.{dim}d.txt"  # their code reads the size from the name
+    lines = [" ".join([w] + [f"{v:.6f}" for v in torch.randn(dim, generator=g).tolist()]) for w in words[::3]]
+    lines += [" ".join([w] + [f"{v:.6f}" for v in torch.randn(dim, generator=g).tolist()]) for w in words[1::3]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def word_batch(dictionary, lengths, seed):
+    """Rows of whole-word vocabulary entries (letters only), so that the sentences have GloVe words."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.tensor([i for i, w in enumerate(dictionary.symbols) if w.isalpha() and w.islower()])
+    tokens = torch.full((len(lengths), max(lengths)), 1, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        chosen = words[torch.randint(len(words), (n - 2,), generator=g)]
+        tokens[row, :n] = torch.cat([torch.tensor([0]), chosen, torch.tensor([2])])
+    return tokens, torch.randint(0, 2, (len(lengths),), generator=g)
+
+
+def run_glove(encoder_cls, backbone, folder):
+    """M-IDPG-PHM-GloVe: the same GloVe file and batch on both sides (their decode: our detokenizer's text)."""
+    model_file, dictionary, dims = backbone
+    batch = word_batch(dictionary, (12, 9, 7), 4)
+    glove = str(write_glove(folder, dictionary, batch))
+    return {
+        (GLOVE, mode): check_method(
+            encoder_cls, GLOVE, model_file, dictionary, dims, mode, batch, 4, idpg_glove_vectors=glove
+        )
+        for mode in ("train", "eval")
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idpg-authors", required=True, help="an extracted checkout of github:CSerxy/IDPG")
@@ -628,7 +674,12 @@ def check(args):
         )
     if args.model:
         title = f"{args.model} (the stand-in is all-MiniLM-L6-v2 in fairseq RoBERTa format, NOT RoBERTa)"
-        results[title] = run_backbone(encoder_cls, checkpoint_backbone(args.model), (14, 10, 7), 1, args.methods, {})
+        standin = checkpoint_backbone(args.model)
+        results[title] = run_backbone(encoder_cls, standin, (14, 10, 7), 1, args.methods, {})
+        with tempfile.TemporaryDirectory() as tmp:
+            results["the same, M-IDPG-PHM-GloVe (a 300-d GloVe-format file of random vectors)"] = run_glove(
+                encoder_cls, standin, tmp
+            )
     if args.dpt_authors:
         title = "DPT prompt reparameterisation (l 100, b 10, d 1024) against their T5EncoderStack"
         results[title] = {("dpt", "-"): dpt_rows(import_dpt(args.dpt_authors))}
