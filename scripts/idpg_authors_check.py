@@ -59,7 +59,10 @@ HEAD = "head"
 METHODS = ("s-idpg-phm", "s-idpg-dnn", "m-idpg-phm", "m-idpg-dnn")
 GLOVE = "m-idpg-phm-glove"
 # the fixture's tiny model: small enough for a few KB of outputs
-FIXTURE = dict(layers=2, dim=16, heads=2, ffn=32, seed=0, t=2, hidden=8, n=4, lengths=(9, 7, 5), batch_seed=0)
+FIXTURE = dict(
+    layers=2, dim=16, heads=2, ffn=32, seed=0, t=2, hidden=8, n=4, lengths=(9, 7, 5), batch_seed=0,
+    pairs=((4, 3), (3, 2), (2, 2)), pairs_seed=2, positions_method="m-idpg-phm",
+)  # fmt: skip
 SHIM = (
     ("from fairseq.modules import (", "from _idpg_authors_shim import ("),
     ("'cuda:0'", "'cpu'"),
@@ -441,14 +444,17 @@ def fixture_options():
 
 
 # ---------------------------------------------------------------------------------------------- fixture
-def fixture_case(encoder_cls, method, backbone, mode, batch):
-    """Their side's outputs on the fixture's tiny model, in our names, with our trained values."""
+def fixture_case(encoder_cls, method, backbone, batch, position=0):
+    """Their side's outputs (train mode, dropout off) on the fixture's tiny model, in our names; with our
+    trained values at position 0 (the same values at every position: the same seed)."""
     model_file, dictionary, dims = backbone
-    ours, theirs, head, pairs = prepare_pair(
-        encoder_cls, method, model_file, dictionary, dims, mode, 0, **fixture_options()
-    )
+    options = dict(fixture_options(), prompt_position=position)
+    ours, theirs, head, pairs = prepare_pair(encoder_cls, method, model_file, dictionary, dims, "train", 0, **options)
     tokens, labels = batch
     out = their_outputs(theirs, head, pairs, tokens, labels, ours.generator.t)
+    if position:
+        out["prompts"] = []  # the read-out knows slots 1..t only
+        return out
     values = {n: p.detach().clone() for n, p in ours.named_parameters() if p.requires_grad}
     return dict(values=values, **out)
 
@@ -458,7 +464,7 @@ def pack(case):
     flat, index, offset = [], {}, 0
     items = [("loss", case["loss"]), ("logits", case["logits"])]
     items += [(f"prompt/{l}", p) for l, p in enumerate(case["prompts"])]
-    items += [(f"{kind}/{n}", v) for kind in ("values", "grads") for n, v in case[kind].items()]
+    items += [(f"{kind}/{n}", v) for kind in ("values", "grads") for n, v in case.get(kind, {}).items()]
     for key, value in items:
         index[key] = (offset, tuple(value.shape))
         flat.append(value.reshape(-1).float())
@@ -491,9 +497,13 @@ def save_fixture(encoder_cls, out_dir, checkout):
     with tempfile.TemporaryDirectory() as tmp:
         backbone = tiny_backbone(tmp, f["layers"], f["dim"], f["heads"], f["ffn"], f["seed"])
         batch = make_batch(len(backbone[1]), f["lengths"], f["batch_seed"])
-        cases = {m: pack(fixture_case(encoder_cls, m, backbone, "train", batch)) for m in METHODS}
+        cases = {m: pack(fixture_case(encoder_cls, m, backbone, batch)) for m in METHODS}
+        pair_batch = make_pair_batch(len(backbone[1]), f["pairs"], f["pairs_seed"])
+        m = f["positions_method"]
+        cases.update({f"{m}@pos{p}": pack(fixture_case(encoder_cls, m, backbone, pair_batch, p)) for p in (1, 2, 3, 4)})
         digest = backbone_sum(backbone[0])
     fixture = dict(config=FIXTURE, tokens=batch[0], labels=batch[1], backbone_sum=digest, cases=cases)
+    fixture.update(pair_tokens=pair_batch[0], pair_labels=pair_batch[1])
     torch.save(fixture, out_dir / "outputs.pt")
     provenance = dict(
         repo="github:CSerxy/IDPG", commit=authors_commit(checkout), config=FIXTURE,
