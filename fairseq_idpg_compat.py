@@ -126,11 +126,12 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
 
 15. ``foreach_gradient_loops``: the rest of fairseq's update loops over the trained tensors in Python too
    (without apex's ``amp_C``): ``clip_grad_norm_`` (one norm per tensor, then one multiply per tensor),
-   ``multiply_grads`` (one multiply per tensor) and, in bf16 and in fp16 with ``--fp16-no-flatten-grads``,
-   ``FP16Optimizer``'s fp32 copies (zeroing, gradient and parameter copies: one each per tensor), about 6
-   launches per tensor per update. Each loop is one foreach operator now, with the same operators per tensor
-   (``torch.norm(g, 2, float32)``, ``mul_``, ``copy_``, ``zero_``), so the values are the same; the flat
-   copies, apex, expert parameters and a single tensor keep fairseq's code.
+   ``multiply_grads`` (one multiply per tensor) and ``FP16Optimizer``'s fp32 copies (the gradient and parameter
+   copies to and from them, flat or not, and in bf16 and with ``--fp16-no-flatten-grads`` their zeroing: one
+   each per tensor), about 6 launches per tensor per update. Each loop is one foreach operator now, with the
+   same operators per tensor (``torch.norm(g, 2, float32)``, ``mul_``, ``copy_``, ``zero_``), so the values are
+   the same; flat copies on several devices, apex, expert parameters, a single tensor and the multiply of half
+   gradients by a number (which the CPU's foreach rounds differently) keep fairseq's code.
 
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
@@ -948,30 +949,54 @@ def _fp32_pairs(optimizer):
     return [p for p, _ in pairs], [p32 for _, p32 in pairs]
 
 
+def _fp32_views(optimizer, grads):
+    """(trained fp16 parameters, the fp32 tensors they are copied to and from: their copies' data or gradients,
+    or the slices of the flat copy viewed as them); None where fairseq's loop runs (flat copies on several
+    devices, a copy without a gradient yet)."""
+    if not optimizer.has_flat_params:
+        params, copies = _fp32_pairs(optimizer)
+        if grads and any(p32.grad is None for p32 in copies):
+            return None
+        return params, [(p32.grad if grads else p32).data for p32 in copies]
+    flats, params = optimizer.fp32_params, list(optimizer.fp16_params)
+    if not isinstance(flats, dict) or len(flats) != 1 or len({p.device for p in params}) != 1:
+        return None
+    flat = next(iter(flats.values()))
+    target, views, offset = (flat.grad if grads else flat).data, [], 0
+    for p in params:  # the flat copy's layout (fairseq's build_fp32_params: the parameters in order)
+        views.append(target[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return params, views
+
+
 def foreach_fp32_copies(fp16_optimizer):
-    """``FP16Optimizer``'s per-tensor copies to and from its fp32 copies, and their zeroing, as foreach
-    operators where the copies are not flattened (bf16; ``--fp16-no-flatten-grads``)."""
+    """``FP16Optimizer``'s per-tensor copies to and from its fp32 copies (flat or not), and the zeroing of the
+    not flattened ones, as foreach operators."""
     import torch
 
     mixin = fp16_optimizer._FP16OptimizerMixin
-    sync_grads, zero_grad = mixin._sync_fp16_grads_to_fp32, mixin.zero_grad
+    sync_grads, sync_params, zero_grad = (
+        mixin._sync_fp16_grads_to_fp32, mixin._sync_fp32_params_to_fp16, mixin.zero_grad
+    )  # fmt: skip
 
     def _sync_fp16_grads_to_fp32(self):
-        params, copies = ([], []) if self.has_flat_params else _fp32_pairs(self)
-        if not (self._needs_sync and params and all(p32.grad is not None for p32 in copies)):
-            return sync_grads(self)  # fairseq's: flat copies, the first update, nothing to do
-        pairs = [(p.grad.data, p32.grad.data) for p, p32 in zip(params, copies, strict=True) if p.grad is not None]
-        unreached = [p32.grad.data for p, p32 in zip(params, copies, strict=True) if p.grad is None]
-        if pairs:
-            torch._foreach_copy_([p32 for _, p32 in pairs], [g for g, _ in pairs])
-        if unreached:  # fairseq gives them new zeros (a head the loss does not reach)
+        views = _fp32_views(self, grads=True) if self._needs_sync else None
+        if not views or not views[0]:
+            return sync_grads(self)  # fairseq's: the first update, several devices, nothing to do
+        params, targets = views
+        reached = [(p.grad.data, t) for p, t in zip(params, targets, strict=True) if p.grad is not None]
+        unreached = [t for p, t in zip(params, targets, strict=True) if p.grad is None]
+        if reached:
+            torch._foreach_copy_([t for _, t in reached], [g for g, _ in reached])
+        if unreached:  # fairseq copies zeros for them (a head the loss does not reach)
             torch._foreach_zero_(unreached)
         self._needs_sync = False
 
-    def sync_params(self):
-        params, copies = _fp32_pairs(self)
-        if params:
-            torch._foreach_copy_([p.data for p in params], [p32.data for p32 in copies])
+    def _sync_fp32_params_to_fp16(self):
+        views = _fp32_views(self, grads=False)
+        if not views or not views[0]:
+            return sync_params(self)
+        torch._foreach_copy_([p.data for p in views[0]], views[1])
 
     def foreach_zero_grad(self):
         if self.has_flat_params:
@@ -985,12 +1010,11 @@ def foreach_fp32_copies(fp16_optimizer):
         if self.scaler is not None:
             self._multiply_factor = 1.0 / float(self.scaler.loss_scale)
 
-    flat_sync = mixin._sync_fp32_params_to_fp16
     mixin._fairseq_idpg_per_tensor = dict(
-        _sync_fp16_grads_to_fp32=sync_grads, _sync_fp32_params_to_fp16=flat_sync, zero_grad=zero_grad
+        _sync_fp16_grads_to_fp32=sync_grads, _sync_fp32_params_to_fp16=sync_params, zero_grad=zero_grad
     )
     mixin._sync_fp16_grads_to_fp32, mixin.zero_grad = _sync_fp16_grads_to_fp32, foreach_zero_grad
-    mixin._sync_fp32_params_to_fp16 = lambda self: (flat_sync if self.has_flat_params else sync_params)(self)
+    mixin._sync_fp32_params_to_fp16 = _sync_fp32_params_to_fp16
 
 
 # ---------------------------------------------------------------- post-import hook
