@@ -138,5 +138,9 @@ def split_sentence_ids(sentence_ids):
 
 
 def to_device(values, like):
-    """numpy rows -> a tensor on ``like``'s device and dtype."""
-    return torch.from_numpy(values).to(device=like.device, dtype=like.dtype, non_blocking=True)
+    """numpy rows -> a tensor on ``like``'s device and dtype. To a GPU from pinned memory: from pageable memory
+    the host waits for the copy, and so for the device's queued work (a sync every update)."""
+    rows = torch.from_numpy(values)
+    if like.is_cuda:
+        rows = rows.pin_memory()  # the caching host allocator keeps it until the copy has run
+    return rows.to(device=like.device, dtype=like.dtype, non_blocking=True)
