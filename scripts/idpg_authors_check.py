@@ -520,9 +520,18 @@ def backbone_sum(model_file):
     return sum(float(v.double().pow(2).sum()) for v in state.values() if v.is_floating_point())
 
 
+AUTHORS_COMMIT = "691b282e1a4e7bb27d64b6a635635e7bd7d32299"  # the github:CSerxy/IDPG commit these numbers come from
+
+
 def authors_commit(checkout):
-    head = Path(checkout) / ".git" / "HEAD"
-    return head.read_text().strip() if head.is_file() else "691b282e1a4e7bb27d64b6a635635e7bd7d32299"
+    """The checkout's commit when it is a git work tree; an archive carries none: AUTHORS_COMMIT (checked)."""
+    import subprocess
+
+    git = ["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"]
+    out = subprocess.run(git, capture_output=True, text=True).stdout.split()
+    if len(out) == 2 and Path(out[0]).resolve() == Path(checkout).resolve():  # its own work tree, not a parent's
+        return out[1]
+    return f"{AUTHORS_COMMIT} (an archive of it, as extracted)"
 
 
 # ---------------------------------------------------------------------------------------------- DPT (T5-only code)
