@@ -9,9 +9,9 @@ in train mode with dropout off and in eval mode (dropout 0.1 built in, switched 
 
 (their repository holds binarized data as Git LFS files an archive may fail on; only
 fairseq/modules/transformer_sentence_encoder*.py are read). Backbones: a tiny random RoBERTa (2 layers x 32,
-written with fairseq_idpg.conversion.tiny) and, with --model, any fairseq RoBERTa checkpoint; the default
---model is models/minilm-l6-fairseq/model.pt, the offline stand-in: all-MiniLM-L6-v2 converted to fairseq
-RoBERTa format (6 layers x 384), NOT RoBERTa.
+written with fairseq_idpg.conversion.tiny; also on sentence pairs at prompt positions 1-4, eval mode) and,
+with --model, any fairseq RoBERTa checkpoint; the default --model is models/minilm-l6-fairseq/model.pt, the
+offline stand-in: all-MiniLM-L6-v2 converted to fairseq RoBERTa format (6 layers x 384), NOT RoBERTa.
 
 Their side: ``TransformerSentenceEncoder`` of fairseq/modules/transformer_sentence_encoder.py (the generator,
 the insertion, the padding mask and the positions are all in its ``forward``) with its layer
@@ -35,6 +35,11 @@ sides average the vectors of the same text (their Eq. 5 word processing and file
 into transformers.modeling_utils) on a 1-layer T5 config, against our ``LowRankPrompt``: the initialisation on the
 same RNG state, then P = A B repeated over the batch and the gradients of A and B on the same tensors (not the
 backbone).
+
+Position 4 is reported apart from the verdict: their code inserts ``</s> P </s>`` there, with the padding mask
+one slot late in padded rows; ``--their-position-4 unwrapped`` rewrites that branch to insert P alone (then equal),
+the evidence that this is the whole difference (docs/idpg.md). Exit status: 0 when every other row is within
+--tolerance (relative to max(|ours|, 1)), 1 otherwise, 2 for a refusal.
 
 ``--save-fixture DIR`` writes the tiny model's batch, trained values and their side's outputs (tests/data/
 idpg_authors/, read by tests/test_idpg_authors.py without the checkout).
