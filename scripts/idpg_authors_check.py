@@ -262,6 +262,16 @@ def their_grads(theirs, pairs):
     return out
 
 
+def their_values(theirs, pairs):
+    """Their tensors in our names and shapes (a name twice, as a shared A set: the first)."""
+    out = {}
+    for name, path, convert in pairs:
+        target, convert = _their_view(theirs, path, convert)
+        value = torch.stack(list(target)) if isinstance(target, torch.nn.ParameterList) else convert(target)
+        out.setdefault(name, value.detach())
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- the models
 def build_ours(method, model_file, dictionary, dims, dropout, **options):
     from fairseq_idpg.methods import METHODS as RECORDS
@@ -656,6 +666,28 @@ def run_glove(encoder_cls, backbone, folder):
     }
 
 
+def init_rows(encoder_cls, method, backbone):
+    """[(tensor, ours std, ours max |x|, theirs std, theirs max |x|)]: each side's own initialisation."""
+    model_file, dictionary, dims = backbone
+    torch.manual_seed(0)
+    ours = build_ours(method, model_file, dictionary, dims, 0.1)
+    theirs = build_theirs(encoder_cls, ours, method, 0.1)
+    mine = dict(ours.named_parameters())
+    rows = []
+    for name, value in their_values(theirs, name_map(ours, method)).items():
+        a = mine[name].detach()
+        rows.append((name, a.std().item(), a.abs().max().item(), value.std().item(), value.abs().max().item()))
+    return rows
+
+
+def print_init_table(inits):
+    print("\ninitialisation (fresh draws on the tiny model; values differ, distributions compared): std, max |x|")
+    print(f"{'method':<12} {'tensor':<24} {'ours std':>9} {'ours max':>9} {'their std':>9} {'their max':>9}")
+    for m, rows in inits.items():
+        for name, a_std, a_max, b_std, b_max in rows:
+            print(f"{m:<12} {name:<24} {a_std:9.4f} {a_max:9.4f} {b_std:9.4f} {b_max:9.4f}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idpg-authors", required=True, help="an extracted checkout of github:CSerxy/IDPG")
@@ -696,6 +728,7 @@ def check(args):
         results["the same, sentence pairs, prompt positions 1-4, eval mode"] = run_positions(
             encoder_cls, tiny, args.methods
         )
+        inits = {m: init_rows(encoder_cls, m, tiny) for m in args.methods}
     if args.model:
         title = f"{args.model} (the stand-in is all-MiniLM-L6-v2 in fairseq RoBERTa format, NOT RoBERTa)"
         standin = checkpoint_backbone(args.model)
@@ -707,6 +740,7 @@ def check(args):
     if args.dpt_authors:
         title = "DPT prompt reparameterisation (l 100, b 10, d 1024) against their T5EncoderStack"
         results[title] = {("dpt", "-"): dpt_rows(import_dpt(args.dpt_authors))}
+    print_init_table(inits)
     worst, known = 0.0, 0.0
     for title, table in results.items():
         print_table(title, table)
