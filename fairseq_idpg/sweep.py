@@ -708,9 +708,10 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
 
 # ---------------------------------------------------------------------------------------- slurm (submitit)
 def execute_run(argv, log, cwd):
-    """One array task: the main job with its output in ``log``; raises with the log's tail when it fails."""
+    """One array task: the main job with its output in ``log``; raises with the log's tail when it fails. The
+    main job ends with the task's process (a parent-death signal), as in a local slot."""
     with open(log, "a", encoding="utf-8") as f:
-        code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+        code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, **child_process_options())
     if code and code != IN_USE_EXIT:
         raise RuntimeError(f"the run (python -m fairseq_idpg.run) exited with {code}; {log}:\n{tail(log)}")
     return code

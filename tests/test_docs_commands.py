@@ -328,7 +328,9 @@ def as_written(command, work, data, checkpoint):
 
 
 @pytest.mark.slow  # 2 to 4 minutes: a 5-update run, RTE prepared with the GPT-2 BPE, each fairseq-validate
-def test_the_pages_scoring_and_preparing_commands_run_as_written(tmp_path, standin_model, glue_slices, roberta_bpe):
+def test_the_pages_scoring_and_preparing_commands_run_as_written(
+    tmp_path, standin_model, glue_slices, roberta_bpe, monkeypatch
+):
     work = tmp_path / "work"
     (work / "models").mkdir(parents=True)
     (work / "scripts").symlink_to(REPO / "scripts")  # prepare_data.py writes under its cwd: this folder
@@ -342,7 +344,8 @@ def test_the_pages_scoring_and_preparing_commands_run_as_written(tmp_path, stand
     data, checkpoint = work / "data-bin" / "standin" / "SST-2", folder / "checkpoint_best.pt"
     ran = []
     for command in (c for c in COMMANDS if (rule(c) or ("",))[0] == "slow-run"):
-        os.environ.update(env)  # for expandvars; monkeypatch-free: the same values as the test's environment
+        for key, value in env.items():  # for expandvars; undone after the test (later tests plan without them)
+            monkeypatch.setenv(key, value)
         argv = as_written(command, work, data, checkpoint)
         # fairseq-validate's --user-dir fairseq_idpg is the checkout's (it writes nothing there)
         out = run(argv, cwd=REPO if argv[0] == "fairseq-validate" else work, env={**env, "SAVE": str(folder)})

@@ -113,4 +113,5 @@ def test_divergence_is_one_line_without_crash_pt(tmp_path, tiny):
     from fairseq_idpg.run.execution import divergence
 
     (tmp_path / "train.log").write_text(out.stdout + out.stderr)
-    assert divergence(tmp_path / "train.log")["reason"] == lines[0].split(": ", 1)[1]
+    update = int(re.search(r"at update (\d+)", lines[0]).group(1))  # the update the trainer names, exactly
+    assert divergence(tmp_path / "train.log") == {"update": update, "reason": "gradients are Nan/Inf"}
