@@ -156,6 +156,8 @@ def test_a_killed_sweep_takes_its_slots_run_and_trainer_with_it_and_the_rerun_re
     spec = tmp_path / "killed.yaml"
     spec.write_text(SPEC)
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path)]
+    # the reference run's thread count (the suite's share of the cores): bit-equal sums need the same
+    cmd += ["--threads", os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))]
     env = {**os.environ, "GLUE_DIR": str(raw.parent)}
 
     def sweep(log):
