@@ -25,7 +25,8 @@ What the CPU runs differently from CUDA is made to follow CUDA's path (``cuda_li
 - ``F.scaled_dot_product_attention`` with dropout falls back on the CPU to its unfused math (a dozen
   operators each way), where CUDA runs one fused kernel (efficient or flash attention) forward and one
   backward: it counts as one operator each way (``scaled_dot_product_attention`` and its ``_backward``,
-  computed exactly, uncounted inside);
+  computed exactly, uncounted inside); under ``torch.func.vmap`` (``fairseq_idpg/fused``) it is counted as
+  the CPU runs it, unfused: an overcount;
 - ``torch.optim`` should be built with ``foreach=True`` (CUDA's default; the CPU's is a Python loop over
   the tensors).
 
@@ -246,6 +247,8 @@ def _cuda_like(counter):
 
     def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
         options = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+        if torch._C._functorch.is_batchedtensor(query):  # under vmap (fused members): counted unfused, an overcount
+            return attention(query, key, value, **options)
         return _FusedAttention.apply(counter, attention, options, query, key, value)
 
     with mock.patch.object(functional, "dropout", fused_dropout):

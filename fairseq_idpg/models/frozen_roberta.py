@@ -30,6 +30,8 @@ tokens unless a subclass says so.
   fairseq's casts its input to fp32 and the result back, four casts per layer and step under fp16/bf16
   (each a kernel launch on a GPU), where torch's own half-precision GELU already computes in fp32 inside
   the kernel. fp32: the same function, the same values.
+- The encoder runs its layers through ``modules/frozen_encoder.encode_layers`` (``FrozenRobertaEncoder``), as the
+  prompt models do: fairseq's computation, and a model that ``torch.func.vmap`` can run over stacked members.
 """
 
 import argparse
@@ -40,10 +42,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from fairseq.models.roberta import RobertaModel
+from fairseq.models.roberta.model import RobertaEncoder
 from fairseq.utils import get_activation_fn
 
 from fairseq_idpg.data.sentence_representation_cache import cache_key
 from fairseq_idpg.errors import BackboneMismatch, BackboneNotFound, ConfigError
+from fairseq_idpg.modules.frozen_encoder import encode_layers
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +128,15 @@ def export_checkpoint(src, dst):
     return sum(v.numel() for k, v in state["model"].items() if k != FINGERPRINT_KEY)
 
 
+class FrozenRobertaEncoder(RobertaEncoder):
+    """RoBERTa's encoder (the same modules and names) with its layers run by ``encode_layers``."""
+
+    def extract_features(self, src_tokens, return_all_hiddens=False, **kwargs):
+        embeddings = kwargs.get("token_embeddings")
+        features, states = encode_layers(self.sentence_encoder, src_tokens, embeddings, all_hiddens=return_all_hiddens)
+        return features, {"inner_states": states if return_all_hiddens else None}
+
+
 class FrozenBackboneRobertaModel(RobertaModel):
     """``RobertaModel`` whose original parameters are frozen (see the module docstring)."""
 
@@ -143,6 +156,8 @@ class FrozenBackboneRobertaModel(RobertaModel):
         return {k: v for k, v in sorted(vars(args).items()) if k not in cls.RUNTIME_OPTIONS}
 
     def __init__(self, args, encoder):
+        if type(encoder) is RobertaEncoder:
+            encoder.__class__ = FrozenRobertaEncoder  # in place: the same modules, state-dict names and settings
         super().__init__(args, encoder)
         # the backbone = every tensor the stock model has (tied ones under each name, and
         # buffers); whatever subclasses add later trains

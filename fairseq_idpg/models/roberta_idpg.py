@@ -318,8 +318,13 @@ class RobertaIdpgModel(PromptedRobertaModel):
         return mx
 
     # ------------------------------------------------------------------ the prompts
-    def prompts(self, src_tokens, sentence_ids=None, **net_input):
-        """(P_0 [B, t, d], ``layer_prompts(l, x)`` for M-IDPG or None)."""
+    def fused_inputs(self, src_tokens, sentence_ids=None, **net_input):
+        """M(x) of every fused member's rows at once (``fairseq_idpg/fused``): frozen, so the same for all."""
+        return {"sentence_representation": self.sentence_representation(src_tokens, sentence_ids)}
+
+    def prompts(self, src_tokens, sentence_ids=None, sentence_representation=None, **net_input):
+        """(P_0 [B, t, d], ``layer_prompts(l, x)`` for M-IDPG or None); ``sentence_representation``: M(x) when
+        the caller has it (``fused_inputs``)."""
         per_generator = {}
 
         def generate(l, x):
@@ -331,7 +336,8 @@ class RobertaIdpgModel(PromptedRobertaModel):
             weights, biases = per_generator[id(gen)]
             return gen(x, index, weights=weights, biases=biases)
 
-        u = self._plan[0][0].prepare(self.sentence_representation(src_tokens, sentence_ids))
+        mx = sentence_representation
+        u = self._plan[0][0].prepare(self.sentence_representation(src_tokens, sentence_ids) if mx is None else mx)
         layer_prompts = None
         if len(self._plan) > 1:
             if self.args.idpg_layer_input == "previous":

@@ -13,7 +13,7 @@ prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual pr
   scheme of M-IDPG and of the P-tuning v2 baseline, IDPG sections 3.2.2 and 4.1). Nothing is added
   after the last layer. Returning None skips a layer.
 
-The layer loop is fairseq's (``TransformerEncoder.forward_scriptable``) with the addition in
+The layer loop is the frozen encoder's (``modules/frozen_encoder.py``) with the addition in
 between; the inserted prompt lengths are the same for every example, so the addition is one
 gather over the batch (no loop over examples or tokens), from the slots' prompt rows found once
 per forward (``slot_rows``), not once per layer.
@@ -21,6 +21,7 @@ per forward (``slot_rows``), not once per layer.
 
 import torch
 
+from ..frozen_encoder import encode_layers
 from .insertion import insert_prompts, insertion_index
 
 
@@ -63,21 +64,13 @@ def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_pr
     index = insertion_index(src_tokens, position, pad, eos)
     tokens, embeddings, slots = insert_prompts(src_tokens, enc.embed_tokens(src_tokens), prompt, index, pad, filler)
 
-    padding_mask = tokens.eq(pad)
-    has_pads = bool(padding_mask.any())
-    x, _ = enc.forward_embedding(tokens, embeddings)  # positions, embedding LayerNorm, dropout
-    if has_pads:
-        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
-    x = x.transpose(0, 1)  # T x B x C
-    num_layers = len(enc.layers)
-    rows = slot_rows(slots, prompt.size(-2)) if layer_prompts is not None else None
-    for l, layer in enumerate(enc.layers, start=1):
-        out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
-        x = out[0] if isinstance(out, tuple) else out
-        if layer_prompts is not None and l < num_layers:
-            p = layer_prompts(l, x.transpose(0, 1))
-            if p is not None:
-                x = add_at_slots(x.transpose(0, 1), slots, p, rows).transpose(0, 1)
-    if enc.layer_norm is not None:
-        x = enc.layer_norm(x)
-    return x.transpose(0, 1), slots
+    after_layer = None
+    if layer_prompts is not None:
+        rows = slot_rows(slots, prompt.size(-2))
+
+        def after_layer(l, x):
+            p = layer_prompts(l, x)
+            return x if p is None else add_at_slots(x, slots, p, rows)
+
+    features, _ = encode_layers(enc, tokens, embeddings, after_layer=after_layer)
+    return features, slots

@@ -1,0 +1,112 @@
+"""Members of a method stacked on one frozen backbone (fairseq_idpg/fused): each member computes what it computes
+alone, for a method of every family, and the launches of a fused forward and backward do not grow with K."""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.fused import StackedMembers
+from fairseq_idpg.launches import Shape, count_launches, ours, tiny_batch
+
+SHAPE = Shape(layers=2)
+HEAD = "head"
+# a method of each family: prompts (input, deep, decomposed), IDPG (single- and multi-layer), blocks, BitFit
+METHODS = [
+    "prompt-tuning-5", "p-tuning-v2-5", "dpt", "s-idpg-phm", "m-idpg-phm", "lora", "prefix-tuning",
+    "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit",
+]  # fmt: skip
+K = 3
+
+
+def members_of(model, k, scale=0.05):
+    """k members: the model's trained tensors moved apart by seeded noise (member 0 is the model's own)."""
+    g = torch.Generator().manual_seed(0)
+    trained = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    return [{n: v + scale * i * torch.randn(v.shape, generator=g) for n, v in trained.items()} for i in range(k)]
+
+
+def per_member_batches(model, k):
+    """([K, B, T] tokens: member i's rows rolled by i, padded rows included), per-member kwargs."""
+    tokens, _ = tiny_batch(SHAPE)
+    stacked = torch.stack([tokens.roll(i, 0) for i in range(k)])
+    extra = {}
+    if model.args.arch == "roberta_idpg":  # M(x) read from the cache, by each row's sentence id
+        ids = torch.arange(SHAPE.batch)
+        extra["sentence_ids"] = torch.stack([ids.roll(i, 0) for i in range(k)])
+    return stacked, extra
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_each_member_computes_what_it_computes_alone(name):
+    model, _ = ours(name, SHAPE, dtype=torch.float32)
+    model.eval()  # dropout off: a member's masks are its own draws in a fused run
+    members = members_of(model, K)
+    stacked = StackedMembers(model, members=members)
+    tokens, extra = per_member_batches(model, K)
+    out = stacked(tokens, classification_head_name=HEAD, **extra)
+    assert out.shape == (K, SHAPE.batch, 2)
+    out.pow(2).sum().backward()
+    for i, member in enumerate(members):
+        tensors = {n: v.clone().requires_grad_() for n, v in member.items()}
+        kwargs = {key: v[i] for key, v in extra.items()}
+        alone = functional_call(model, tensors, (tokens[i],), {"classification_head_name": HEAD, **kwargs})[0]
+        alone.pow(2).sum().backward()
+        torch.testing.assert_close(out[i], alone, rtol=1e-5, atol=1e-6)
+        for name_, grad in zip(stacked.names, (t.grad for t in stacked.tensors), strict=True):
+            want = tensors[name_].grad
+            if want is None:  # a tensor this forward does not read
+                assert grad is None or not grad[i].any(), name_
+            else:
+                torch.testing.assert_close(grad[i], want, rtol=1e-4, atol=1e-6, msg=name_)
+
+
+def test_members_start_from_the_model_and_are_returned_by_name():
+    model, _ = ours("lora", SHAPE, dtype=torch.float32)
+    stacked = StackedMembers(model, k=4)
+    trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert stacked.names == list(trained) and stacked.k == 4
+    for i in range(4):
+        state = stacked.member_state(i)
+        assert all(torch.equal(state[n], p) for n, p in trained.items())
+
+
+def test_dropout_differs_between_members_in_training():
+    model, _ = ours("prompt-tuning-5", SHAPE, dtype=torch.float32)
+    model.train()
+    stacked = StackedMembers(model, k=2)
+    tokens, _ = tiny_batch(SHAPE)
+    out = stacked(tokens.expand(2, -1, -1), classification_head_name=HEAD)
+    assert not torch.equal(out[0], out[1])  # the same tensors and rows: only dropout tells them apart
+
+
+def test_fine_tuning_cannot_share_a_backbone():
+    model, _ = ours("finetune", SHAPE, dtype=torch.float32)
+    with pytest.raises(ConfigError, match="every tensor trains .fine-tuning., so its runs cannot share"):
+        StackedMembers(model, k=2)
+
+
+def test_a_batch_of_the_wrong_shape_is_refused():
+    model, _ = ours("lora", SHAPE, dtype=torch.float32)
+    tokens, _ = tiny_batch(SHAPE)
+    with pytest.raises(ValueError, match=r"expected \[K=3, B, T\], got \[4, 32\]"):
+        StackedMembers(model, k=3)(tokens)
+
+
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "m-idpg-phm", "lora"])
+def test_launches_do_not_grow_with_the_members(name):
+    """A forward and backward of 20 members launches what one member's does, give or take the stacking."""
+    model, _ = ours(name, SHAPE, dtype=torch.float32)
+    tokens, extra = per_member_batches(model, 1)
+    counts = {}
+    for k in (1, 20):
+        stacked = StackedMembers(model, k=k)
+        batch = tokens.expand(k, -1, -1)
+        kwargs = {key: v.expand(k, -1) for key, v in extra.items()}
+
+        def step(stacked=stacked, batch=batch, kwargs=kwargs):
+            stacked(batch, classification_head_name=HEAD, **kwargs).sum().backward()
+
+        step()  # warm-up: caches filled
+        counts[k] = count_launches(step, trace=False).total
+    assert counts[20] <= counts[1] * 1.1, counts
