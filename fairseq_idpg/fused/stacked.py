@@ -82,12 +82,17 @@ class StackedMembers(nn.Module):
         """Member ``k``'s trained tensors {name: tensor} (detached views)."""
         return {name: t[k].detach() for name, t in self.stacked().items()}
 
-    def forward(self, src_tokens, **kwargs):
+    def forward(self, src_tokens, members=None, **kwargs):
         """The model's first output for each member: ``src_tokens`` [K, B, T] (member k's batch at k); tensor
         ``kwargs`` are per member too ([K, B, ...]), the rest (``classification_head_name``, ...) the same for
-        all. Returns [K, B, ...]."""
-        if src_tokens.dim() != 3 or src_tokens.size(0) != self.k:
-            raise ValueError(f"src_tokens: expected [K={self.k}, B, T], got {list(src_tokens.shape)}")
+        all. ``members``: [K'] indices of the members to run (default all), ``src_tokens`` then [K', B, T]: a
+        batch that needs only some members does not run the others (serving). Returns [K or K', B, ...]."""
+        tensors = self.stacked()
+        if members is not None:
+            tensors = {name: t[members] for name, t in tensors.items()}
+        k = len(members) if members is not None else self.k
+        if src_tokens.dim() != 3 or src_tokens.size(0) != k:
+            raise ValueError(f"src_tokens: expected [K={k}, B, T], got {list(src_tokens.shape)}")
         per_member = {key: v for key, v in kwargs.items() if torch.is_tensor(v)}
         common = {key: v for key, v in kwargs.items() if not torch.is_tensor(v)}
         shared = getattr(self.model, "fused_inputs", None)
@@ -102,4 +107,4 @@ class StackedMembers(nn.Module):
             return out[0] if isinstance(out, tuple) else out
 
         with pads_known(self.model.encoder.sentence_encoder), sdpa_kernel(SDPBackend.MATH):
-            return vmap(one, randomness="different")(self.stacked(), src_tokens, per_member)
+            return vmap(one, randomness="different")(tensors, src_tokens, per_member)
