@@ -38,7 +38,7 @@ time. Each finished run's ``results.json`` is copied, with its label, to the rec
 Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVICES`` pinned per run;
 ``--runs-per-gpu K`` packs K runs on a device), or ``--jobs K`` CPU runs with the cores split between
 them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, at most
-``--array-parallelism`` at a time) and follows it. A failed run's log tail is kept in
+``--array-parallelism`` at a time) and follows it (fairseq_idpg/sweep_slurm.py). A failed run's log tail is kept in
 ``WORK/sweeps/<name>/failures.json`` and listed at the end; the others go on.
 
 ``--dry-run`` ends with the device-hours of the runs to run, per method and in all, and the wall time at the
@@ -54,7 +54,6 @@ import os
 import queue
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -500,12 +499,13 @@ class SweepProgress:
         self.diverged = 0  # of the done: results without a score (a NaN or inf loss), not failures
         self.in_use = 0  # skipped: another process (another sweep, run.sh) holds the run folder and records it
         self.damaged = 0  # skipped: a damaged results.json or config.json (said when found)
+        self.cancelled = 0  # Slurm jobs cancelled (scancel): neither done nor failed; the next sweep runs them
         self.lock = threading.Lock()
         self.every, self.said = every, clock()
         self.watched = {}  # run name -> (its log, when it started)
 
     def line(self):
-        left = self.total - self.done - self.running - self.failed - self.in_use - self.damaged
+        left = self.total - self.done - self.running - self.failed - self.in_use - self.damaged - self.cancelled
         per_run = self._seconds_per_run()
         eta = "?" if per_run is None else format_duration(per_run * (left + self.running / 2) / max(1, self.slots))
         return (
@@ -514,6 +514,7 @@ class SweepProgress:
             + f"), {self.running} running, {self.failed} failed, "
             + (f"{self.in_use} in use elsewhere, " if self.in_use else "")
             + (f"{self.damaged} damaged, " if self.damaged else "")
+            + (f"{self.cancelled} cancelled, " if self.cancelled else "")
             + f"{left} left, eta {eta}"
         )
 
@@ -525,9 +526,11 @@ class SweepProgress:
         guesses = [now - since + eta for _, since, _, eta in self._running_states() if eta is not None]
         return sum(guesses) / len(guesses) if guesses else None
 
-    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0, damaged=0):
+    def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0, damaged=0,
+               cancelled=0):  # fmt: skip
         with self.lock:
-            self.running += started - finished - failed - in_use - damaged
+            self.running += started - finished - failed - in_use - damaged - cancelled
+            self.cancelled += cancelled
             self.in_use += in_use
             self.damaged += damaged
             self.done += finished
@@ -706,88 +709,6 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
     pool.shutdown(wait=True)
 
 
-# ---------------------------------------------------------------------------------------- slurm (submitit)
-def execute_run(argv, log, cwd):
-    """One array task: the main job with its output in ``log``; raises with the log's tail when it fails. The
-    main job ends with the task's process (a parent-death signal), as in a local slot."""
-    with open(log, "a", encoding="utf-8") as f:
-        code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, **child_process_options())
-    if code and code != IN_USE_EXIT:
-        raise RuntimeError(f"the run (python -m fairseq_idpg.run) exited with {code}; {log}:\n{tail(log)}")
-    return code
-
-
-def slurm_executor(opts, sweep_dir, cluster="slurm"):
-    """submitit's executor with the run's resources (``cluster="local"`` runs the same jobs here)."""
-    import submitit
-
-    if cluster == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
-        raise SweepError("--executor slurm: sbatch and srun not found on PATH (run it on a Slurm login node)")
-    executor = submitit.AutoExecutor(folder=Path(sweep_dir) / "slurm" / "%j", cluster=cluster)
-    params = {
-        "name": f"sweep-{Path(sweep_dir).name}",
-        "timeout_min": opts.time,
-        "gpus_per_node": opts.gpus_per_run,
-        "cpus_per_task": opts.cpus_per_run,
-        "tasks_per_node": 1,
-        "nodes": 1,
-    }
-    if opts.mem is not None:
-        params["mem_gb"] = opts.mem
-    if cluster == "slurm":
-        params["slurm_array_parallelism"] = opts.array_parallelism
-        for key in ("partition", "account", "qos", "constraint"):
-            if getattr(opts, key):
-                params[f"slurm_{key}"] = getattr(opts, key)
-    executor.update_parameters(**params)
-    return executor
-
-
-def submit(pending, opts, sweep_dir, cluster="slurm"):
-    """Submit the pending runs as one job array; returns [(run, plan, job)]."""
-    executor = slurm_executor(opts, sweep_dir, cluster)
-    logs = Path(sweep_dir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    calls = [
-        (
-            [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)],
-            str(logs / f"{run.name}.log"),
-        )
-        for run, _ in pending
-    ]
-    with executor.batch():
-        jobs = [executor.submit(execute_run, argv, log, str(REPO)) for argv, log in calls]
-    submitted = {run.name: job.job_id for (run, _), job in zip(pending, jobs, strict=False)}
-    path = Path(sweep_dir) / "slurm" / "submitted.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(submitted, indent=1) + "\n")
-    return [(run, p, job) for (run, p), job in zip(pending, jobs, strict=False)]
-
-
-def follow(submitted, progress, failures, records, poll=30):
-    """Wait for submitted jobs, reporting each as it ends (Ctrl-C stops waiting, not the jobs)."""
-    progress.update(started=len(submitted), note=f"submitted {len(submitted)} job(s)")
-    waiting = list(submitted)
-    while waiting:
-        for item in list(waiting):
-            run, p, job = item
-            if not job.done():
-                continue
-            waiting.remove(item)
-            exc = job.exception()
-            if exc is None and job.result() == IN_USE_EXIT:
-                failures.set(run.name, None)
-                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
-            elif exc is None and p.finished:
-                failures.set(run.name, None)
-                record_finished(run, p, records, progress, f"{run.name} (job {job.job_id})")
-            else:
-                failures.set(run.name, {"job": job.job_id, "tail": str(exc)[-3000:]})
-                progress.update(failed=1, note=f"FAILED {run.name} (job {job.job_id})")
-        if waiting:
-            time.sleep(poll)
-
-
 # ---------------------------------------------------------------------------------------- main
 def _refuse(message):
     raise SweepError(message)
@@ -829,8 +750,9 @@ def parse_args(argv):
     g.add_argument("--time", type=int, default=240, help="minutes per run (default 240)")
     g.add_argument("--mem", type=int, help="GB per run")
     g.add_argument("--array-parallelism", type=int, default=256, help="array tasks running at once (default 256)")
+    g.add_argument("--poll", type=int, default=30, help="seconds between looks at the jobs' states (default 30)")
     opts = p.parse_args(argv)
-    for flag in ("jobs", "runs_per_gpu", "threads", "max_update", "time", "mem", "array_parallelism"):
+    for flag in ("jobs", "runs_per_gpu", "threads", "max_update", "time", "mem", "array_parallelism", "poll"):
         value = getattr(opts, flag)
         if value is not None and value < 1:
             raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
@@ -855,7 +777,7 @@ def main(argv=None):
         return sweep(opts)
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)  # 1: the cluster, not the input (sweep_slurm.ControllerDown)
     except KeyboardInterrupt:
         print("sweep: interrupted; finished runs are recorded, the same command resumes the rest", file=sys.stderr)
         return 130
@@ -927,12 +849,14 @@ def _outcome(plans, spec, progress, failures, records, sweep_dir):
             f"{progress.damaged} run(s) skipped for a damaged results.json or config.json (named above): "
             "move each file away and run this sweep again"
         )
+    if progress.cancelled:
+        print(f"{progress.cancelled} run(s) cancelled (scancel): run this sweep again to run them")
     if failed:
         print(f"{len(failed)} run(s) failed (details in {sweep_dir / 'failures.json'}):")
         for name in failed:
             entry = failures.items[name]
             print(f"  {name}: exit {entry.get('exit', '?')}, log {entry.get('log', entry.get('job'))}")
-    return 1 if failed or progress.damaged else 0
+    return 1 if failed or progress.damaged or progress.cancelled else 0
 
 
 def sweep(opts):
@@ -943,6 +867,10 @@ def sweep(opts):
     measured = estimate.sources(opts.timings, device)  # a bad --timings file: one line before anything runs
     spec = _narrowed_spec(opts)
     opts.model = spec.model
+    if opts.executor == "slurm" and not opts.dry_run:
+        from fairseq_idpg import sweep_slurm
+
+        sweep_slurm.preflight(opts)  # the cluster's partition, GPUs, CPUs, memory, time limit: before any data
     sweep_dir = Path(opts.work_dir) / "sweeps" / spec.name
     records = Path(opts.records) if opts.records else sweep_dir / "records"
     print(summary(spec, spec.runs), flush=True)
@@ -973,7 +901,7 @@ def sweep(opts):
         if opts.executor == "local":
             run_local(pending, opts, sweep_dir, progress, failures, records)
         else:
-            follow(submit(pending, opts, sweep_dir), progress, failures, records)
+            sweep_slurm.run_slurm(pending, opts, sweep_dir, progress, failures, records, measured, device)
     return _outcome(plans, spec, progress, failures, records, sweep_dir)
 
 

@@ -1,7 +1,7 @@
 """Sweeps (fairseq_idpg/sweep.py): specifications and the run counts the examples' READMEs state, one-line
 errors, the plan, device slots, progress, the Slurm job array submitit would submit; end to end (slow):
 6 stand-in runs with 2 workers, interrupted and resumed without rerunning finished runs, then the table,
-its numbers and plots, and submitit's local executor."""
+its numbers and plots (the Slurm path on a real cluster: test_slurm.py)."""
 
 import json
 import os
@@ -18,7 +18,7 @@ import pytest
 from lock_support import held_by_another_process
 
 from fairseq_idpg import run as main_job
-from fairseq_idpg import sweep
+from fairseq_idpg import sweep, sweep_slurm
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.results.records import default_budget
 from fairseq_idpg.run.execution import RUN_LOCK
@@ -309,20 +309,21 @@ def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
     runs = sweep.load_spec(spec, model="roberta.large").runs
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(sweep.SweepError, match="--executor slurm: sbatch and srun not found"):
-        sweep.submit([(r, None) for r in runs], opts, tmp_path / "sweeps" / "s")
+        sweep_slurm.preflight(opts)
     monkeypatch.setenv("PATH", f"{fake}:{path}")
-    submitted = sweep.submit([(r, None) for r in runs], opts, tmp_path / "sweeps" / "s")
+    submitted = sweep_slurm.submit([(r, None) for r in runs], opts, tmp_path / "sweeps" / "s")
     script = (fake / "submitted.sh").read_text()
     for line in ("#SBATCH --array=0-3%3", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1",
-                 "#SBATCH --time=90", "#SBATCH --mem=32GB", "#SBATCH --cpus-per-task=8"):  # fmt: skip
+                 "#SBATCH --time=90", "#SBATCH --mem=32GB", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --signal=USR2@90"):  # fmt: skip
         assert line in script, line
-    assert [job.job_id for _, _, job in submitted] == [f"4242_{i}" for i in range(4)]
+    assert [job for _, _, job in submitted] == [f"4242_{i}" for i in range(4)]
     ids = json.loads((tmp_path / "sweeps" / "s" / "slurm" / "submitted.json").read_text())
     assert sorted(ids.values()) == [f"4242_{i}" for i in range(4)]
     pickles = sorted((tmp_path / "sweeps" / "s" / "slurm").rglob("*submitted.pkl"))
     commands = sorted(DelayedSubmission.load(p).args[0][3:] for p in pickles)
     assert commands == sorted(r.argv("roberta.large", str(tmp_path)) for r in runs)
-    assert all(DelayedSubmission.load(p).function is sweep.execute_run for p in pickles)
+    assert all(isinstance(DelayedSubmission.load(p).function, sweep_slurm.RunTask) for p in pickles)
 
 
 # ---------------------------------------------------------------------------------------- end to end (slow)
@@ -430,27 +431,6 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
     assert (out / "table.md").read_text().count("±") >= 2  # the two cells that ran: MRPC prompt tuning, RTE LoRA
     for png in ("bars.png", "curves.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
-def test_submitit_local_executor_runs_the_array(smoke, tmp_path, monkeypatch):
-    """The Slurm path through submitit's local executor: one finished run (reported cached by run.py) as a job."""
-    monkeypatch.setenv("GLUE_DIR", smoke["env"]["GLUE_DIR"])  # the smoke sweep's data (and the job's)
-    opts = sweep.parse_args([str(smoke["spec"]), "--executor", "slurm", "--work-dir", str(smoke["work"])])
-    spec = sweep.load_spec(smoke["spec"], tasks=["RTE"], methods=["lora"], seeds=[1])
-    opts.model = spec.model  # as sweep() sets it
-    (run,) = [r for r in spec.runs if r.lr == 1e-3]
-    plan = sweep.plan_run(run, "standin", str(smoke["work"]), dry=False)
-    assert plan.finished
-    submitted = sweep.submit([(run, plan)], opts, tmp_path / "sweeps" / "smoke", cluster="local")
-    progress = sweep.SweepProgress("smoke", 1, 0, 1)
-    failures = sweep.Failures(tmp_path / "failures.json")
-    sweep.follow(submitted, progress, failures, tmp_path / "records", poll=1)
-    assert progress.done == 1 and progress.failed == 0 and not failures.items
-    (log,) = (tmp_path / "sweeps" / "smoke" / "logs").glob("*.log")
-    assert "cached: this configuration finished" in log.read_text()
-    assert len(records_of(tmp_path / "records")) == 1
 
 
 @pytest.mark.slow

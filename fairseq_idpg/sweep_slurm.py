@@ -1,0 +1,333 @@
+"""A sweep's Slurm executor (``scripts/sweep.sh SPEC --executor slurm``): the cluster checked before anything is
+submitted, the pending runs submitted as one submitit job array, and the jobs followed through Slurm's own
+states until each ends.
+
+- **Checked first** (``preflight``, ``check_time``): ``sbatch`` on PATH, the partition, the GPUs, CPUs and
+  memory its nodes have, its time limit, and ``--time`` against the longest run's estimated time (the
+  dry run's estimate). Each refusal is one line naming the flag and what is valid (exit 2), before any job.
+- **Time limits and preemption**: Slurm signals each job a while before its limit (submitit's USR2); the
+  array task then stops its run (SIGTERM: the run keeps its checkpoints) and requeues itself, and the
+  requeued job resumes the run from its ``checkpoint_last.pt``. A job requeued by the cluster
+  (``scontrol requeue``, preemption) resumes the same way.
+- **Followed by Slurm's states** (``squeue``, which also lists finished jobs for a while; ``sacct`` when the
+  cluster has accounting), not by submitit's result files, which a requeued job rewrites: a job cancelled
+  with ``scancel`` is reported as cancelled, a failed one (a killed task, a node failure) as failed with its
+  state, and a controller that stops answering ends the sweep in one line; the jobs stay queued. The same
+  command again follows the jobs still queued or running (``sweeps/<name>/slurm/submitted.json``) instead of
+  submitting them twice, and submits the rest.
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fairseq_idpg.errors import SweepError
+from fairseq_idpg.run import IN_USE_EXIT, REPO, child_process_options, format_duration
+
+# states of a job that will still run (or run again): the sweep waits for them
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+          "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED"}  # fmt: skip
+UNREACHABLE_POLLS = 3  # polls in a row without an answer before the sweep stops following
+
+
+class ControllerDown(SweepError):
+    """The controller does not answer: not the user's input (exit 1)."""
+
+    exit_status = 1
+
+
+def _slurm(*argv, timeout=60):
+    """A Slurm command's output; ControllerDown when it cannot reach the controller."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ControllerDown(f"{argv[0]}: {e}") from None
+    if done.returncode:
+        raise ControllerDown(f"{argv[0]}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or ['failed']}"[:300])
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------------------- checks
+def preflight(opts):
+    """Refuse, in one line naming the flag, what the cluster cannot run; nothing is submitted yet."""
+    if not (shutil.which("sbatch") and shutil.which("srun")):
+        raise SweepError("--executor slurm: sbatch and srun not found on PATH (run it on a Slurm login node)")
+    try:
+        lines = _slurm("sinfo", "-h", "-o", "%P|%G|%c|%m|%l").split("\n")
+    except ControllerDown as e:
+        raise SweepError(f"--executor slurm: the Slurm controller does not answer ({e})") from None
+    parts = {}
+    for line in filter(None, lines):
+        name, gres, cpus, mem, limit = line.split("|")
+        part = parts.setdefault(name.rstrip("*"), {"default": name.endswith("*"), "gpus": 0, "cpus": 0, "mem": 0})
+        part["gpus"] = max(part["gpus"], _gpus(gres))
+        part["cpus"] = max(part["cpus"], int(cpus.rstrip("+")))
+        part["mem"] = max(part["mem"], int(mem.rstrip("+")) // 1024)
+        part["limit"] = _minutes(limit)
+    valid = ", ".join(sorted(parts))
+    name = opts.partition or next((n for n, p in parts.items() if p["default"]), None)
+    if name not in parts:
+        asked = (
+            f"--partition {opts.partition}: no such partition" if opts.partition else "no --partition and no default"
+        )
+        raise SweepError(f"{asked} on this cluster; valid: {valid}")
+    part, where = parts[name], f"partition {name}'s nodes have"
+    if opts.gpus_per_run > part["gpus"]:
+        have = f"at most {part['gpus']} GPU(s)" if part["gpus"] else "no GPUs (gres gpu)"
+        raise SweepError(f"--gpus-per-run {opts.gpus_per_run}: {where} {have}; valid: 0 to {part['gpus']}")
+    if opts.cpus_per_run > part["cpus"]:
+        raise SweepError(f"--cpus-per-run {opts.cpus_per_run}: {where} {part['cpus']} CPUs; valid: 1 to {part['cpus']}")
+    if opts.mem is not None and opts.mem > part["mem"]:
+        raise SweepError(f"--mem {opts.mem}: {where} {part['mem']} GB; valid: 1 to {part['mem']}")
+    if part["limit"] is not None and opts.time > part["limit"]:
+        raise SweepError(
+            f"--time {opts.time}: partition {name}'s limit is {part['limit']} minutes; valid: 1 to {part['limit']}"
+        )
+
+
+def _gpus(gres):
+    """GPUs per node in sinfo's %G: ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``(null)``."""
+    total = 0
+    for item in gres.split(","):
+        fields = item.split("(")[0].split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def _minutes(limit):
+    """sinfo's %l (``infinite``, ``30:00``, ``4:00:00``, ``1-00:00:00``) in minutes; None: no limit."""
+    if limit in ("infinite", "n/a", "UNLIMITED"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    seconds = {1: lambda: parts[0] * 60, 2: lambda: parts[0] * 60 + parts[1]}.get(len(parts), lambda: 0)()
+    if len(parts) == 3:
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return (int(days or 0) * 86400 + seconds) // 60
+
+
+def check_time(pending, opts, model, measured, device):
+    """``--time`` under the longest pending run's estimated time (the dry run's estimate): refused in one line."""
+    from fairseq_idpg import sweep_estimate as estimate
+
+    longest = {}
+    for run, p in pending:
+        share = estimate.run_seconds(run, p, model, measured, device)
+        if share and share[0] > longest.get("seconds", 0):
+            longest = {"seconds": share[0], "run": run.name, "source": share[1].split(":")[0]}
+    if longest and opts.time * 60 < longest["seconds"]:
+        need = math.ceil(longest["seconds"] / 60)
+        raise SweepError(
+            f"--time {opts.time}: the longest run ({longest['run']}) needs about {format_duration(longest['seconds'])}"
+            f" by the estimate ({longest['source']}; sweep.sh --dry-run shows it); valid: --time {need} or more"
+        )
+
+
+# ---------------------------------------------------------------------------------------- the array task
+class RunTask:
+    """One array task (what submitit pickles and the job calls): the main job with its output in ``log``.
+    Raises with the log's tail when the run fails. On Slurm's signal before the time limit (or a
+    preemption), ``checkpoint`` stops the run, which keeps its checkpoints, and submitit requeues the job:
+    the requeued job resumes the run from its checkpoint_last.pt."""
+
+    def __init__(self):
+        self.proc = None
+
+    def __call__(self, argv, log, cwd):
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} slurm job {_job_id()}\n")
+            f.flush()
+            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, **child_process_options())
+            code = self.proc.wait()
+        if code and code != IN_USE_EXIT:
+            from fairseq_idpg.sweep import tail
+
+            raise RuntimeError(f"the run (python -m fairseq_idpg.run) exited with {code}; {log}:\n{tail(log)}")
+        return code
+
+    def checkpoint(self, argv, log, cwd):
+        """Stop the run (the main job passes SIGTERM on to fairseq-train; its checkpoints stay) and return
+        the same call for the requeued job."""
+        from submitit.helpers import DelayedSubmission
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(
+                f"# slurm job {_job_id()}: time limit near or preempted: requeued, resumes from checkpoint_last.pt\n"
+            )
+        return DelayedSubmission(RunTask(), argv, log, cwd)
+
+
+def _job_id():
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if array else os.environ.get("SLURM_JOB_ID", "?")
+
+
+# ---------------------------------------------------------------------------------------- submitting
+def executor(opts, sweep_dir):
+    """submitit's Slurm executor with the run's resources."""
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=Path(sweep_dir) / "slurm" / "%j", cluster="slurm")
+    params = {
+        "name": f"sweep-{Path(sweep_dir).name}",
+        "timeout_min": opts.time,
+        "gpus_per_node": opts.gpus_per_run,
+        "cpus_per_task": opts.cpus_per_run,
+        "tasks_per_node": 1,
+        "nodes": 1,
+        "slurm_array_parallelism": opts.array_parallelism,
+        # the signal before the time limit: 90 s (submitit's), a quarter of a shorter limit
+        "slurm_signal_delay_s": min(90, opts.time * 15),
+    }
+    if opts.mem is not None:
+        params["mem_gb"] = opts.mem
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(opts, key):
+            params[f"slurm_{key}"] = getattr(opts, key)
+    ex.update_parameters(**params)
+    return ex
+
+
+def submitted_file(sweep_dir):
+    return Path(sweep_dir) / "slurm" / "submitted.json"
+
+
+def submit(pending, opts, sweep_dir):
+    """Submit ``pending`` [(run, plan)] as one job array; returns [(run, plan, job id)]."""
+    if not pending:
+        return []
+    ex = executor(opts, sweep_dir)
+    logs = Path(sweep_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with ex.batch():
+        jobs = [
+            ex.submit(RunTask(), [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)],
+                      str(logs / f"{run.name}.log"), str(REPO))
+            for run, _ in pending
+        ]  # fmt: skip
+    path = submitted_file(sweep_dir)
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    known.update({run.name: job.job_id for (run, _), job in zip(pending, jobs, strict=True)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(known, indent=1) + "\n")
+    os.replace(tmp, path)
+    return [(run, p, job.job_id) for (run, p), job in zip(pending, jobs, strict=True)]
+
+
+def pick_up(pending, sweep_dir):
+    """([(run, plan, job id)] of the runs whose earlier job is still queued or running, [(run, plan)] the rest)."""
+    path = submitted_file(sweep_dir)
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    ids = [known[r.name] for r, _ in pending if r.name in known]
+    states = job_states(ids) if ids else {}
+    alive, rest = [], []
+    for run, p in pending:
+        job = known.get(run.name)
+        if job and states.get(job, ("", ""))[0] in ACTIVE:
+            alive.append((run, p, job))
+        else:
+            rest.append((run, p))
+    return alive, rest
+
+
+# ---------------------------------------------------------------------------------------- following
+def job_states(ids):
+    """{job id: (state, reason)} of ``ids`` (``123_4`` for an array task): squeue's view (live jobs and, for a
+    while, finished ones), then sacct's for the others where the cluster keeps accounting."""
+    wanted = set(ids)
+    states = {}
+    for line in _slurm("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r").splitlines():
+        job, state, reason = (line.split("|") + ["", ""])[:3]
+        if job in wanted:
+            states[job] = (state, reason)
+    missing = sorted(wanted - set(states))
+    if missing and shutil.which("sacct"):
+        try:
+            out = _slurm("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(missing))
+        except ControllerDown:
+            out = ""  # no accounting on this cluster
+        for line in out.splitlines():
+            job, state = (line.split("|") + [""])[:2]
+            if job in wanted:
+                states[job] = (state.split()[0] if state else "", "")
+    return states
+
+
+def follow(jobs, progress, failures, records, sweep_dir, poll=30):
+    """Wait for ``jobs`` [(run, plan, job id)], reporting each as it ends (Ctrl-C stops waiting, not the jobs)."""
+    from fairseq_idpg.sweep import record_finished, tail
+
+    waiting = {job: (run, p) for run, p, job in jobs}
+    unanswered = 0
+    while waiting:
+        try:
+            states = job_states(list(waiting))
+            unanswered = 0
+        except ControllerDown as e:
+            unanswered += 1
+            if unanswered >= UNREACHABLE_POLLS:
+                raise ControllerDown(
+                    f"the Slurm controller does not answer ({e}); {len(waiting)} job(s) stay as they were: "
+                    "run the same command again to follow them"
+                ) from None
+            time.sleep(poll)
+            continue
+        for job, (run, p) in list(waiting.items()):
+            state, reason = states.get(job, ("", ""))
+            if state in ACTIVE:
+                continue
+            del waiting[job]
+            log = Path(sweep_dir) / "logs" / f"{run.name}.log"
+            if p.finished:
+                failures.set(run.name, None)
+                record_finished(run, p, records, progress, f"{run.name} (job {job})")
+            elif state == "CANCELLED":
+                failures.set(run.name, None)
+                progress.update(cancelled=1, note=f"cancelled: {run.name} (job {job}, scancel); not run")
+            elif state == "COMPLETED" and _returned(job, sweep_dir) == IN_USE_EXIT:
+                failures.set(run.name, None)
+                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+            else:
+                why = f"{state or 'no longer known to Slurm'}" + (f", {reason}" if reason and reason != "None" else "")
+                failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
+                progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
+        if waiting:
+            time.sleep(poll)
+
+
+def _returned(job, sweep_dir):
+    """What the array task returned (submitit's result file), or None."""
+    try:
+        from submitit.core.utils import pickle_load
+
+        folder = Path(sweep_dir) / "slurm" / job
+        outcome, value = pickle_load(next(folder.glob(f"{job}_*_result.pkl")))[:2]
+        return value if outcome == "success" else None
+    except (StopIteration, OSError, ValueError):
+        return None
+
+
+def run_slurm(pending, opts, sweep_dir, progress, failures, records, measured, device):
+    """The runs to run, on the cluster: the jobs of an earlier call still queued or running followed, the
+    others submitted (``--time`` checked first), all followed to their end."""
+    alive, rest = pick_up(pending, sweep_dir)
+    check_time(rest, opts, opts.model, measured, device)
+    jobs = alive + submit(rest, opts, sweep_dir)
+    note = f"submitted {len(rest)} job(s)" + (f", following {len(alive)} submitted before" if alive else "")
+    ids = sorted({job.split("_")[0] for _, _, job in jobs})
+    progress.update(started=len(jobs), note=f"{note} (slurm job {', '.join(ids)})")
+    follow(jobs, progress, failures, records, sweep_dir, poll=opts.poll)
