@@ -389,6 +389,12 @@ _gpt2 = None  # per worker process, as fairseq's multiprocessing_bpe_encoder
 
 
 def _init_gpt2(encoder_json: str, vocab_bpe: str) -> None:
+    """A BPE worker: its encoder, and the signals' default actions. The handlers it inherits from the preparing
+    process (``_signals_for_workers``) are Python-level: a worker blocked on the pool's queue lock, where
+    ``Pool.terminate`` leaves it, was seen not to run them and outlived its SIGTERM, so the pool's join hung.
+    Ctrl-C is its parent's to handle."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _gpt2
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
