@@ -332,14 +332,15 @@ def _dictionary(shape):
     return dictionary
 
 
-def ours(name, shape, layers=None, dtype=torch.bfloat16, seed=0):
+def ours(name, shape, layers=None, dtype=torch.bfloat16, seed=0, **options):
     """(model, forward) of method record ``name`` at ``shape`` (``layers`` deep), random weights, a 2-class
-    head, cast to ``dtype``, in training mode. IDPG reads M(x) from its cache, as from the second epoch on."""
+    head, cast to ``dtype``, in training mode; ``options`` override the record's. IDPG reads M(x) from its cache,
+    as from the second epoch on."""
     from fairseq_idpg.methods import get_method
     from fairseq_idpg.models.build import build_method
 
     method = get_method(name)
-    options = {"idpg_cache": "memory"} if method.arch == "roberta_idpg" else {}
+    options = {"idpg_cache": "memory", **options} if method.arch == "roberta_idpg" else options
     torch.manual_seed(seed)
     model = build_method(method, _dictionary(shape), **shape.sizes(layers), **options)
     model.register_classification_head("head", num_classes=2)

@@ -37,10 +37,22 @@ def per_member_batches(model, k):
     return stacked, extra
 
 
-@pytest.mark.parametrize("name", METHODS)
+def without_dropout(model):
+    """``model`` in training mode with every dropout off: a member's masks are its own draws in a fused run."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) or type(module).__name__ == "FairseqDropout":
+            module.p = 0.0
+        for key, value in vars(module).items():  # the blocks' own rates (the inducer's lambda_dropout, ...)
+            if "dropout" in key and isinstance(value, float):
+                setattr(module, key, 0.0)
+    return model.train()
+
+
+@pytest.mark.parametrize("name", METHODS + ["s-idpg-phm-shared-a"])
 def test_each_member_computes_what_it_computes_alone(name):
-    model, _ = ours(name, SHAPE, dtype=torch.float32)
-    model.eval()  # dropout off: a member's masks are its own draws in a fused run
+    options = {"idpg_phm_a_sets": 1} if name == "s-idpg-phm-shared-a" else {}
+    model, _ = ours(name.replace("-shared-a", ""), SHAPE, dtype=torch.float32, **options)
+    without_dropout(model)
     members = members_of(model, K)
     stacked = StackedMembers(model, members=members)
     tokens, extra = per_member_batches(model, K)

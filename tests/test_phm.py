@@ -20,7 +20,7 @@ def test_phm_equals_dense_with_kronecker_weight(n, rank):
 def test_parameter_count_and_shared_A():
     a = PHMLinear(1024, 16, 16)
     assert sum(p.numel() for p in a.parameters()) == 16**3 + 1024 * 16 // 16 + 16
-    b = PHMLinear(16, 5 * 1024, 16, shared_A=a.A, bias=False)
+    b = PHMLinear(16, 5 * 1024, 16, A_from=a, bias=False)
     assert sum(p.numel() for p in b.parameters()) == 16 * 5 * 1024 // 16  # A not counted twice
     assert b.A_set() is a.A
 

@@ -34,24 +34,26 @@ class PHMLinear(nn.Module):
     Args:
         in_features, out_features: dimensions; ``n`` must divide both.
         n: number of Kronecker terms (and the size of each A_i).
-        shared_A: optional [n, n, n] parameter owned elsewhere (shared between layers).
+        A_from: optional module whose ``A`` [n, n, n] this layer uses instead of its own (shared between
+            layers); read at every forward, so a module that swaps its tensors (``torch.func.functional_call``,
+            ``fairseq_idpg/fused``) swaps it here too.
         rank: 0 for full B_i; > 0 for B_i = s_i t_i of that rank.
         bias: learn ``b`` [out_features].
         init_std: N(0, std^2) for A, B (or s, t) and b (IDPG: 0.05).
     Shapes: x [..., in_features] -> y [..., out_features].
     """
 
-    def __init__(self, in_features, out_features, n, shared_A=None, rank=0, bias=True, init_std=0.05):
+    def __init__(self, in_features, out_features, n, A_from=None, rank=0, bias=True, init_std=0.05):
         super().__init__()
         check_divisible(n, in_features=in_features, out_features=out_features)
         self.in_features, self.out_features, self.n, self.rank = in_features, out_features, n, rank
         p, q = in_features // n, out_features // n
-        if shared_A is None:
+        if A_from is None:
             self.A = nn.Parameter(torch.empty(n, n, n).normal_(0, init_std))
         else:
-            if tuple(shared_A.shape) != (n, n, n):
-                raise ValueError(f"shared A has shape {tuple(shared_A.shape)}, expected {(n, n, n)}")
-            self._shared_A = [shared_A]  # not registered here: its owner counts and saves it
+            if tuple(A_from.A.shape) != (n, n, n):
+                raise ValueError(f"shared A has shape {tuple(A_from.A.shape)}, expected {(n, n, n)}")
+            self._A_from = [A_from]  # not registered here: its owner counts and saves it
         if rank > 0:
             self.s = nn.Parameter(torch.empty(n, p, rank).normal_(0, init_std))
             self.t = nn.Parameter(torch.empty(n, rank, q).normal_(0, init_std))
@@ -60,7 +62,7 @@ class PHMLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features).normal_(0, init_std)) if bias else None
 
     def A_set(self):
-        return self.A if "A" in self._parameters else self._shared_A[0]
+        return self.A if "A" in self._parameters else self._A_from[0].A
 
     def B_set(self):
         return torch.bmm(self.s, self.t) if self.rank > 0 else self.B

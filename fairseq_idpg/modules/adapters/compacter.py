@@ -33,8 +33,8 @@ class CompacterAdapter(nn.Module):
         super().__init__()
         check_bottleneck("the adapter bottleneck", bottleneck, dim)
         self.A = nn.Parameter(torch.empty(n, n, n).normal_(0, 0.01))
-        self.down = PHMLinear(dim, bottleneck, n, shared_A=self.A, rank=rank)
-        self.up = PHMLinear(bottleneck, dim, n, shared_A=self.A, rank=rank)
+        self.down = PHMLinear(dim, bottleneck, n, A_from=self, rank=rank)
+        self.up = PHMLinear(bottleneck, dim, n, A_from=self, rank=rank)
         self.dropout = nn.Dropout(dropout)
         for phm in (self.down, self.up):
             for factor in (phm.s, phm.t) if rank > 0 else (phm.B,):

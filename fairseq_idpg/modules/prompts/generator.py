@@ -76,8 +76,8 @@ class PromptGenerator(nn.Module):
             self.W2 = nn.Parameter(torch.empty(hidden_dim, out).normal_(0, 0.02))
         else:
             self.phm1 = PHMLinear(input_dim, hidden_dim, phm_n, bias=True)
-            shared = self.phm1.A if phm_a_sets == 1 else None
-            self.phm2 = PHMLinear(hidden_dim, out, phm_n, shared_A=shared, bias=False)
+            shared = self.phm1 if phm_a_sets == 1 else None
+            self.phm2 = PHMLinear(hidden_dim, out, phm_n, A_from=shared, bias=False)
         self.biases = LayerBiases(num_biases, out, rank=layer_bias_rank)
         self.dropout = nn.Dropout(dropout)
         self.residual = residual

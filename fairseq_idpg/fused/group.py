@@ -1,0 +1,262 @@
+"""K fairseq-train runs in one process, meeting at each update for one fused forward and backward.
+
+Each member runs fairseq-train's own loop (``fairseq_cli.train.main``) in a thread of its own: its data order
+(its seed), its optimizer and lr schedule, gradient clipping, validation, checkpoint_best/last, early stop and
+divergence are fairseq's, as in a lone run. Only the computation of a training step is shared: a member's
+``task.train_step`` hands its batch to the group and waits; when every running member has handed one in, the
+last to arrive runs ``StackedMembers`` over all the batches (one forward and one backward through the frozen
+backbone), each member's criterion on its own rows, and gives each member its loss, logging output and the
+gradients of its own tensors, which its fairseq trainer then clips, normalises and steps on as usual.
+
+- One thread runs at a time (the baton): fairseq keeps per-run state in module globals (the metrics
+  aggregators, ``save_checkpoint.best``, ``should_stop_early``'s best and patience, numpy's and torch's
+  global generators around data shuffling); each member's are swapped in when it takes the baton and out when
+  it hands in a batch, so the members never see each other's.
+- Member tensors live in the stacked ones: after each member has built its model and loaded its checkpoint,
+  its trained parameters become views of their member's slice of the stacked tensors (``p.data = stacked[k]``),
+  so what its optimizer writes is what the fused forward reads, and its validation and checkpoints see it.
+- A member's frozen backbone is the first member's (shared as each member's model is built: one copy in memory).
+- Batches of different sizes: a member's batch is padded to the longest sequence (masked pads) and to the most
+  rows by repeating its first row; the extra rows' outputs are dropped before its criterion.
+- A member that ends (its last update, early stop, divergence, an error) leaves; its slot then repeats another
+  member's batch and nothing reads it.
+- Dropout: the fused step seeds torch from the members' seeds and updates, so a rerun draws the same masks;
+  a member's masks are not those of its lone run (with dropout off, it computes what its lone run computes).
+"""
+
+import contextlib
+import threading
+
+import numpy as np
+import torch
+
+from .stacked import StackedMembers
+
+
+class _MemberGlobals:
+    """fairseq's per-run module globals (module docstring), saved and restored per member."""
+
+    def __init__(self):
+        from fairseq.logging import metrics
+
+        self.metrics = ({}, {}, {})
+        self.saved = False
+        self._metrics = metrics
+
+    def save(self):
+        from fairseq import checkpoint_utils
+        from fairseq_cli import train
+
+        m = self._metrics
+        self.metrics = (m._aggregators, m._active_aggregators, m._active_aggregators_cnt)
+        self.best = getattr(checkpoint_utils.save_checkpoint, "best", None)
+        self.stop = {k: getattr(train.should_stop_early, k, None) for k in ("best", "num_runs")}
+        self.numpy = np.random.get_state()
+        self.torch = torch.get_rng_state()
+        self.saved = True
+
+    def restore(self):
+        from fairseq import checkpoint_utils
+        from fairseq_cli import train
+
+        if not self.saved:  # a member's first turn: fresh state (fairseq-train's main resets its metrics)
+            from collections import OrderedDict, defaultdict
+
+            self._metrics._aggregators = OrderedDict()
+            self._metrics._active_aggregators = OrderedDict()
+            self._metrics._active_aggregators_cnt = defaultdict(lambda: 0)
+            self._metrics.reset()
+            for attr in ("best",):
+                if hasattr(checkpoint_utils.save_checkpoint, attr):
+                    delattr(checkpoint_utils.save_checkpoint, attr)
+            for attr in ("best", "num_runs"):
+                if hasattr(train.should_stop_early, attr):
+                    delattr(train.should_stop_early, attr)
+            return
+        m = self._metrics
+        m._aggregators, m._active_aggregators, m._active_aggregators_cnt = self.metrics
+        _set_or_del(checkpoint_utils.save_checkpoint, "best", self.best)
+        for k, v in self.stop.items():
+            _set_or_del(train.should_stop_early, k, v)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+
+
+def _set_or_del(obj, attr, value):
+    if value is None:
+        if hasattr(obj, attr):
+            delattr(obj, attr)
+    else:
+        setattr(obj, attr, value)
+
+
+class Member:
+    """One run of the group: its fairseq objects, once its trainer is built."""
+
+    def __init__(self, index, seed):
+        self.index, self.seed = index, seed
+        self.trainer = self.model = self.criterion = self.task = None
+        self.params = []  # its trained parameters, in the stacked tensors' order
+        self.globals = _MemberGlobals()
+        self.update = 0
+
+
+class FusedGroup:
+    """The meeting point of K member threads (module docstring)."""
+
+    def __init__(self, seeds):
+        self.members = [Member(i, s) for i, s in enumerate(seeds)]
+        self.k = len(seeds)
+        self.baton = threading.Lock()
+        self.cond = threading.Condition()
+        self.active = set(range(self.k))
+        self.waiting = {}  # member index -> its prepared sample
+        self.results = {}
+        self.generation = 0
+        self.stacked = None
+        self.template = None  # the member whose model was built first: the others share its frozen tensors
+        self.steps = 0
+
+    # ---------------------------------------------------------------- a member's thread
+    @contextlib.contextmanager
+    def turn(self, index):
+        """Member ``index`` runs (holding the baton, its globals in place) inside."""
+        self.baton.acquire()
+        self.members[index].globals.restore()
+        try:
+            yield
+        finally:
+            self.members[index].globals.save()
+            self.baton.release()
+
+    def leave(self, index):
+        """Member ``index`` has ended: the others no longer wait for it (called without the baton)."""
+        with self.cond:
+            self.active.discard(index)
+            batches = self._claim()
+        if batches is not None:
+            with self.baton:
+                self._run_step(batches)
+
+    def step(self, index, sample):
+        """Member ``index``'s batch in; (loss, sample_size, logging_output, grads) out, once the group stepped.
+        Called from the member's ``task.train_step``, holding the baton; the last member to hand in its batch
+        runs the fused step (still holding it: every other member is waiting)."""
+        member = self.members[index]
+        member.globals.save()
+        with self.cond:
+            self.waiting[index] = sample
+            generation = self.generation
+            batches = self._claim()
+        if batches is not None:
+            self._run_step(batches)
+        self.baton.release()
+        try:
+            with self.cond:
+                self.cond.wait_for(lambda: self.generation != generation)
+                result = self.results.pop(index)
+        finally:
+            self.baton.acquire()
+            member.globals.restore()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    # ---------------------------------------------------------------- the fused step
+    def _claim(self):
+        """The batches of a complete round (every running member's), taken; else None. Under ``cond``."""
+        if not self.waiting or len(self.waiting) != len(self.active):
+            return None
+        batches, self.waiting = self.waiting, {}
+        return batches
+
+    def _run_step(self, batches):
+        try:
+            results = self._fused_step(batches)
+        except BaseException as e:  # every waiting member sees the failure as its own step's
+            results = {i: e for i in batches}
+        with self.cond:
+            self.results.update(results)
+            self.generation += 1
+            self.cond.notify_all()
+
+    def _build_stacked(self):
+        template = self.members[self.template].model
+        states = [
+            {n: p.detach() for n, p in m.model.named_parameters() if p.requires_grad} if m.model is not None else None
+            for m in self.members
+        ]
+        fill = next(s for s in states if s is not None)
+        self.stacked = StackedMembers(template, members=[s if s is not None else fill for s in states])
+        for m in self.members:
+            if m.model is None:
+                continue
+            for tensor, p in zip(self.stacked.tensors, m.params, strict=True):
+                p.data = tensor.data[m.index]  # the member's optimizer now writes into the stacked tensor
+
+    def _fused_step(self, waiting):
+        if self.stacked is None:
+            self._build_stacked()
+        filler = next(iter(waiting.values()))
+        samples = [waiting.get(i, filler) for i in range(self.k)]
+        template = self.members[self.template]
+        tokens, per_row, rows = _stack_batches(samples, template.model.encoder.sentence_encoder.padding_idx)
+        seed = sum(m.seed * 1_000_003 + m.update for m in self.members) % (2**31)
+        self.steps += 1
+        head = template.criterion.classification_head_name
+        with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
+            torch.manual_seed(seed)
+            template.model.train()
+            logits = self.stacked(tokens, features_only=True, classification_head_name=head, **per_row)
+        total, results = None, {}
+        for i, sample in waiting.items():
+            member = self.members[i]
+            output = _FixedOutput(member.model, logits[i, : rows[i]])
+            loss, sample_size, logging_output = member.criterion(output, sample)
+            scaler = getattr(member.trainer.optimizer, "scaler", None)
+            scaled = scaler.scale(loss) if scaler is not None else loss
+            total = scaled if total is None else total + scaled
+            results[i] = (loss, sample_size, logging_output)
+        for t in self.stacked.tensors:
+            t.grad = None
+        total.backward()
+        out = {}
+        for i, (loss, sample_size, logging_output) in results.items():
+            grads = [t.grad[i] if t.grad is not None else None for t in self.stacked.tensors]
+            out[i] = (loss.detach(), sample_size, logging_output, grads)
+        return out
+
+
+class _FixedOutput:
+    """Stands for a member's model in its criterion: returns the fused forward's rows of this member."""
+
+    def __init__(self, model, logits):
+        self._model, self._logits = model, logits
+        self.training = True
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._logits, {}
+
+
+def _stack_batches(samples, pad):
+    """[K, B, T] tokens (each member's right-padded to the longest T, its rows repeated to the most B), the other
+    per-row net_input tensors [K, B, ...] (src_lengths, IDPG's sentence_ids), each member's own row count."""
+    rows = [s["net_input"]["src_tokens"].size(0) for s in samples]
+    most_rows = max(rows)
+    longest = max(s["net_input"]["src_tokens"].size(1) for s in samples)
+
+    def fill_rows(t):
+        extra = most_rows - t.size(0)
+        return t if extra == 0 else torch.cat([t, t[:1].expand(extra, *t.shape[1:])])
+
+    tokens = []
+    for s in samples:
+        t = s["net_input"]["src_tokens"]
+        t = torch.nn.functional.pad(t, (0, longest - t.size(1)), value=pad)
+        tokens.append(fill_rows(t))
+    keys = [k for k, v in samples[0]["net_input"].items() if torch.is_tensor(v) and k != "src_tokens"]
+    per_row = {k: torch.stack([fill_rows(s["net_input"][k]) for s in samples]) for k in keys}
+    return torch.stack(tokens), per_row, rows

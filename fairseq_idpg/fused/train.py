@@ -1,0 +1,274 @@
+"""fairseq-train for several runs at once on one frozen backbone: ``python -m fairseq_idpg.fused.train``.
+
+    python -m fairseq_idpg.fused.train DATA --user-dir fairseq_idpg [fairseq-train flags of every run] \\
+        --member "--lr 1e-3 --seed 1 --save-dir runs/a" --member "--lr 1e-3 --seed 2 --save-dir runs/b"
+
+Each ``--member`` is one run: the shared flags followed by its own ``--lr``, ``--seed`` and ``--save-dir`` (the
+only flags a member may set: members of a group differ in nothing else). Every member trains as
+fairseq-train would train it alone (``group.py``: its own data order, optimizer, lr schedule, validation,
+checkpoints and early stop), with one forward and backward through the frozen backbone per update for all of
+them (``stacked.py``). Member k's log is ``SAVE_DIR/train.log`` (appended; fairseq-train's own lines, as a lone
+run's), and this command prints the group's progress and one line per member at the end. Exit status 0 when
+every member finished, 1 when any failed (its line says why; the others still finished).
+
+Methods whose backbone trains (fine-tuning) and EFL (its task rewrites each batch into sentence pairs) train
+alone.
+"""
+
+import argparse
+import logging
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from fairseq_idpg.errors import ConfigError, argparse_error, refuse
+
+from .group import FusedGroup
+
+PROG = "python -m fairseq_idpg.fused.train"
+MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq-train's
+_current = threading.local()  # the member whose thread this is
+
+
+def split_members(argv):
+    """(shared flags, [each member's own flags]) of a command line (module docstring)."""
+    shared, members, it = [], [], iter(argv)
+    for arg in it:
+        if arg == "--member":
+            value = next(it, None)
+            if value is None:
+                raise ConfigError("--member: expected a value such as '--lr 1e-3 --seed 1 --save-dir DIR'")
+            members.append(value)
+        elif arg.startswith("--member="):
+            members.append(arg.split("=", 1)[1])
+        else:
+            shared.append(arg)
+    if not members:
+        raise ConfigError("--member: give one per run ('--lr LR --seed SEED --save-dir DIR'), at least one")
+    parsed = []
+    for value in members:
+        parser = argparse.ArgumentParser(prog="--member", add_help=False)
+        for flag in MEMBER_FLAGS:
+            parser.add_argument(flag, required=True)
+        known, unknown = parser.parse_known_args(shlex.split(value))
+        if unknown:
+            raise ConfigError(
+                f"--member {value!r}: {unknown[0]} is not a member's own flag; members differ only in "
+                f"{', '.join(MEMBER_FLAGS)} (give the rest once, for all)"
+            )
+        parsed.append(["--lr", known.lr, "--seed", known.seed, "--save-dir", known.save_dir])
+    dirs = [m[-1] for m in parsed]
+    twice = sorted({d for d in dirs if dirs.count(d) > 1})
+    if twice:
+        raise ConfigError(f"--member: two members write --save-dir {twice[0]}; each run needs its own")
+    for flag in MEMBER_FLAGS:
+        if flag in shared:
+            raise ConfigError(f"{flag} is a member's own flag: give it inside each --member, not once for all")
+    return shared, parsed
+
+
+def member_configs(shared, members):
+    """Each member's fairseq-train configuration, parsed as fairseq-train parses its command line."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    def one_line(parser):
+        parser.error = argparse_error  # a ConfigError, said in one line, for fairseq's parser too
+
+    cfgs = []
+    quiet = logging.getLogger("fairseq.utils")  # "--user-dir ... has already been imported": for the logs only
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        for own in members:
+            parser = options.get_training_parser()
+            one_line(parser)
+            args = options.parse_args_and_arch(parser, [*shared, *own], modify_parser=one_line)
+            cfgs.append(convert_namespace_to_omegaconf(args))
+    finally:
+        quiet.setLevel(level)
+    _check_fusable(cfgs[0])
+    return cfgs
+
+
+def _check_fusable(cfg):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
+
+    arch, task = cfg.model._name, cfg.task._name
+    if task == "efl_sentence_prediction":
+        raise ConfigError(f"--task {task}: EFL rewrites each batch into sentence pairs; its runs train alone")
+    if cfg.distributed_training.distributed_world_size > 1:
+        raise ConfigError("fused runs train on one device: give no --distributed-world-size")
+    if not issubclass(ARCH_MODEL_REGISTRY[arch], FrozenBackboneRobertaModel):
+        raise ConfigError(
+            f"--arch {arch}: its backbone trains (fine-tuning), so its runs cannot share one; they train alone"
+        )
+
+
+class _MemberLogs(logging.Handler):
+    """Each member thread's log records to its own train.log, in fairseq-train's format."""
+
+    def __init__(self, paths):
+        super().__init__(logging.INFO)
+        self.files = [open(p, "a", encoding="utf-8") for p in paths]  # noqa: SIM115 (closed in close())
+        self.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+
+    def emit(self, record):
+        index = getattr(_current, "index", None)
+        if index is None:
+            return
+        f = self.files[index]
+        f.write(self.format(record) + "\n")
+        f.flush()
+
+    def write(self, index, line):
+        self.files[index].write(line + "\n")
+        self.files[index].flush()
+
+    def close(self):
+        for f in self.files:
+            f.close()
+        super().close()
+
+
+def share_frozen(model, template):
+    """Make ``model``'s frozen tensors ``template``'s own (the same backbone: one copy in memory)."""
+    own = dict(template.named_parameters(remove_duplicate=False))
+    if model.backbone_digest() != template.backbone_digest():
+        raise ConfigError("fused runs: the members' backbones differ; give every member the same --backbone")
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for name, p in list(model.named_parameters(remove_duplicate=False)):
+        if not p.requires_grad and name in own:
+            owner, _, leaf = name.rpartition(".")
+            modules[owner]._parameters[leaf] = own[name]
+
+
+def _patch_trainer(group, logs):
+    """fairseq-train's Trainer, built per member: shares the first member's backbone and steps in the group."""
+    from fairseq.trainer import Trainer
+
+    def member_trainer(cfg, task, model, criterion, quantizer=None):
+        index = _current.index
+        member = group.members[index]
+        first = next((m for m in group.members if m.model is not None), None)
+        if first is not None:
+            share_frozen(model, first.model)
+        member.model, member.criterion, member.task = model, criterion, task
+        trainer = Trainer(cfg, task, model, criterion, quantizer)
+        member.trainer = trainer
+        member.params = [p for _, p in model.named_parameters() if p.requires_grad]
+        if group.template is None:
+            group.template = index
+
+        def train_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
+            model.train()
+            model.set_num_updates(update_num)
+            member.update = update_num
+            loss, sample_size, logging_output, grads = group.step(index, sample)
+            for p, g in zip(member.params, grads, strict=True):
+                p.grad = g
+            if hasattr(optimizer, "_needs_sync"):  # fp16/bf16: its fp32 copies take the new gradients
+                optimizer._needs_sync = True
+            return loss, sample_size, logging_output
+
+        task.train_step = train_step
+        trainer.state_dict = _compact(trainer.state_dict)
+        return trainer
+
+    return member_trainer
+
+
+def _compact(state_dict):
+    """A trainer's ``state_dict`` whose model tensors that are views of the stacked ones are copied: saved as they
+    are, a member's checkpoint would hold every member's values (torch.save keeps a view's whole storage)."""
+
+    def compact_state_dict():
+        state = state_dict()
+        state["model"] = type(state["model"])(
+            (k, v.clone() if torch.is_tensor(v) and v.untyped_storage().nbytes() > v.numel() * v.element_size() else v)
+            for k, v in state["model"].items()
+        )
+        return state
+
+    return compact_state_dict
+
+
+def _run_member(group, index, cfg, logs, outcome):
+    from fairseq_cli import train
+
+    _current.index = index
+    try:
+        with group.turn(index):
+            train.main(cfg)
+        outcome[index] = None
+    except BaseException as e:  # noqa: BLE001 (a member's failure is its own; the others go on)
+        line = e.line() if hasattr(e, "line") else f"{type(e).__name__}: {' '.join(str(e).split())}"
+        logs.write(index, line)
+        outcome[index] = line
+    finally:
+        _current.index = None
+        group.leave(index)
+
+
+def train_group(shared, members):
+    """Train the members (``split_members``' output) together; {member index: None or its failure's line}."""
+    return train_configs(member_configs(shared, members))
+
+
+def train_configs(cfgs):
+    """Train the members (their fairseq-train configurations) together (``train_group``)."""
+    from unittest import mock
+
+    import fairseq_cli.train  # noqa: F401  (imported before patching: the compat layer wraps it on import)
+
+    for cfg in cfgs:
+        Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
+    group = FusedGroup([cfg.common.seed for cfg in cfgs])
+    logs = _MemberLogs([Path(cfg.checkpoint.save_dir) / "train.log" for cfg in cfgs])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    outcome = {}
+    try:
+        root.handlers = [logs]
+        root.setLevel(logging.INFO)  # (setLevel, not .level =: it clears the loggers' cached levels)
+        with mock.patch("fairseq_cli.train.Trainer", _patch_trainer(group, logs)):
+            threads = [
+                threading.Thread(target=_run_member, args=(group, i, cfg, logs, outcome), name=f"member-{i}")
+                for i, cfg in enumerate(cfgs)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        root.handlers = handlers
+        root.setLevel(level)
+        logs.close()
+    return outcome
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    start = time.time()
+    try:
+        shared, members = split_members(argv)
+        cfgs = member_configs(shared, members)
+    except ConfigError as e:
+        return refuse(PROG, e)
+    print(f"fused: {len(members)} runs on one backbone", flush=True)
+    outcome = train_configs(cfgs)
+    for i, own in enumerate(members):
+        print(f"  {own[-1]}: {'finished' if outcome.get(i) is None else outcome[i]}", flush=True)
+    print(f"fused: {len(members)} runs in {time.time() - start:.1f} s", flush=True)
+    return 0 if all(outcome.get(i) is None for i in range(len(members))) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Runs trained together on one backbone (``python -m fairseq_idpg.fused.train``) end with what each trains to
+alone with fairseq-train: the same trained tensors (float tolerance) and the same validations, for a method of
+each family, with dropout off (tiny random backbone, 40 made-up sentences, 12 updates each)."""
+
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+from checkpoint_support import fairseq_train
+from conftest import REPO, tiny_sst2
+
+from fairseq_idpg.fused.train import LOG_FORMAT, split_members, train_group
+from fairseq_idpg.methods import get_method
+
+# a method of each family, with its own dropout off (the fused members draw their own masks)
+METHODS = {
+    "prompt-tuning-5": [],
+    "m-idpg-phm": ["--idpg-dropout", "0", "--idpg-cache", "memory"],
+    "dpt": [],
+    "lora": ["--lora-dropout", "0"],
+    "prefix-tuning": [],
+    "compacter": [],
+    "bitfit": [],
+}
+MEMBERS = [("5e-3", "1"), ("1e-2", "2"), ("2e-3", "3")]  # (lr, seed): a sweep's grid
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, tiny):
+    return tiny_sst2(tmp_path_factory.mktemp("fused-data"), tiny)
+
+
+def shared_args(name, data, dims, backbone):
+    """The fairseq-train flags every member shares: run.sh's recipe shape at a smoke budget, dropout off."""
+    return [
+        str(data), "--user-dir", str(REPO / "fairseq_idpg"), *get_method(name).train_args(), *dims,
+        "--backbone", str(backbone), "--criterion", "sentence_prediction_metrics", "--num-classes", "2",
+        "--init-token", "0", "--separator-token", "2", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+        "--dropout", "0", "--attention-dropout", "0", *METHODS.get(name, []),
+        "--batch-size", "8", "--max-update", "12", "--lr-scheduler", "polynomial_decay", "--total-num-update", "12",
+        "--warmup-updates", "2", "--clip-norm", "1.0", "--best-checkpoint-metric", "accuracy",
+        "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints", "--validate-interval-updates", "6",
+        "--cpu", "--num-workers", "0", "--log-format", "json", "--log-interval", "2",
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def logged_to(path):
+    """fairseq's log records (all loggers) also written to ``path``, as fairseq-train's output lands in train.log."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+def validations(save):
+    """(updates, valid accuracy, valid loss) of each validation in a run's train.log."""
+    out = []
+    for line in (save / "train.log").read_text().splitlines():
+        if "| valid |" in line:
+            stats = json.loads(line.split("| valid | ", 1)[1])
+            out.append((stats["valid_num_updates"], stats["valid_accuracy"], stats["valid_loss"]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
+def test_fused_members_end_as_they_end_alone(name, tiny, tiny_data, tmp_path):
+    data, dims = tiny_data
+    shared = shared_args(name, data, dims, tiny.model_file)
+    members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / "fused" / seed)] for lr, seed in MEMBERS]
+    for lr, seed in MEMBERS:
+        save = tmp_path / "alone" / seed
+        with logged_to(save / "train.log"):
+            fairseq_train([*shared, "--lr", lr, "--seed", seed, "--save-dir", str(save)])
+    assert train_group(shared, members) == {0: None, 1: None, 2: None}
+    for _, seed in MEMBERS:
+        fused, alone = tmp_path / "fused" / seed, tmp_path / "alone" / seed
+        for checkpoint in ("checkpoint_last.pt", "checkpoint_best.pt"):
+            a = torch.load(fused / checkpoint, map_location="cpu", weights_only=False)
+            b = torch.load(alone / checkpoint, map_location="cpu", weights_only=False)
+            assert a["model"].keys() == b["model"].keys()
+            for key, want in b["model"].items():
+                # atol: BitFit's key biases get a gradient that is zero but for rounding (softmax ignores a
+                # shift of every score), so Adam moves them by rounding noise, ~1e-6 either way
+                torch.testing.assert_close(a["model"][key], want, rtol=1e-4, atol=5e-6, msg=f"{checkpoint} {key}")
+            assert a["extra_state"]["train_iterator"] == b["extra_state"]["train_iterator"]
+            assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 12
+            # a member's checkpoint holds its own tensors only, not the stacked ones its views come from
+            assert (fused / checkpoint).stat().st_size == pytest.approx((alone / checkpoint).stat().st_size, rel=0.02)
+        got, want = validations(fused), validations(alone)
+        assert [u for u, _, _ in got] == [u for u, _, _ in want] == ["5", "6", "10", "12"]  # each epoch end, every 6
+        assert [a for _, a, _ in got] == [a for _, a, _ in want]
+        assert [float(x) for _, _, x in got] == pytest.approx([float(x) for _, _, x in want], abs=2e-3)
+
+
+def test_member_flags_are_checked_before_anything_runs(tmp_path):
+    with pytest.raises(Exception, match=r"--member '--lr 1 --seed 1 --save-dir a --batch-size 4': --batch-size is not"):
+        split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a --batch-size 4"])
+    with pytest.raises(Exception, match="two members write --save-dir a; each run needs its own"):
+        split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a", "--member", "--lr 2 --seed 2 --save-dir a"])
+    with pytest.raises(Exception, match="--seed is a member's own flag"):
+        split_members(["data", "--seed", "3", "--member", "--lr 1 --seed 1 --save-dir a"])
+    assert split_members(["data", "--fp16", "--member", "--lr 1 --seed 1 --save-dir a"]) == (
+        ["data", "--fp16"],
+        [["--lr", "1", "--seed", "1", "--save-dir", "a"]],
+    )
+
+
+def test_fine_tuning_is_refused_in_one_line(tiny, tiny_data, tmp_path):
+    data, dims = tiny_data
+    shared = shared_args("finetune", data, dims, tiny.model_file)
+    shared[shared.index("--backbone")] = "--finetune-from-model"
+    cmd = [sys.executable, "-m", "fairseq_idpg.fused.train", *shared]
+    cmd += ["--member", f"--lr 1e-3 --seed 1 --save-dir {tmp_path / 'a'}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "its backbone trains (fine-tuning), so its runs cannot share one" in lines[0], lines
+    assert not (tmp_path / "a").exists()
