@@ -49,7 +49,8 @@ def _slurm(*argv, timeout=60):
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ControllerDown(f"{argv[0]}: {e}") from None
     if done.returncode:
-        raise ControllerDown(f"{argv[0]}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or ['failed']}"[:300])
+        said = (done.stderr or done.stdout).strip().splitlines() or [f"exit status {done.returncode}"]
+        raise ControllerDown(f"{argv[0]}: {said[-1][:300]}")
     return done.stdout
 
 
@@ -157,12 +158,13 @@ class RunTask:
         the same call for the requeued job."""
         from submitit.helpers import DelayedSubmission
 
-        if self.proc is not None and self.proc.poll() is None:
+        # in a signal handler, while __call__ waits on the run: Popen.wait here would wait for that wait's lock
+        if self.proc is not None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            for _ in range(600):  # up to 60 s; WNOWAIT: the run stays for __call__'s wait to reap
+                if os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                    break
+                time.sleep(0.1)
         with open(log, "a", encoding="utf-8") as f:
             f.write(
                 f"# slurm job {_job_id()}: time limit near or preempted: requeued, resumes from checkpoint_last.pt\n"
@@ -249,11 +251,16 @@ def job_states(ids):
     """{job id: (state, reason)} of ``ids`` (``123_4`` for an array task): squeue's view (live jobs and, for a
     while, finished ones), then sacct's for the others where the cluster keeps accounting."""
     wanted = set(ids)
-    states = {}
+    states, arrays = {}, set()
     for line in _slurm("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r").splitlines():
         job, state, reason = (line.split("|") + ["", ""])[:3]
+        arrays.add(job.split("_")[0])
         if job in wanted:
             states[job] = (state, reason)
+    # a pending array task that scancel removed is gone from its array at once (only accounting keeps it)
+    for job in wanted - set(states):
+        if "_" in job and job.split("_")[0] in arrays:
+            states[job] = ("CANCELLED", "cancelled while pending")
     missing = sorted(wanted - set(states))
     if missing and shutil.which("sacct"):
         try:

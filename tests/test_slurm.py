@@ -9,11 +9,14 @@ before its time limit, a task killed with kill -9, and the controller stopped wh
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fairseq_idpg import sweep
 
@@ -107,3 +110,164 @@ def test_time_under_the_estimate_is_one_line(slurm, glue_slices, standin_model, 
                         r"\S+ by the estimate \(.*timings\.json; sweep\.sh --dry-run shows it\); valid: --time \d+ "
                         r"or more", err[-1]), err[-1]  # fmt: skip
     assert jobs_known() == before and not (tmp_path / "sweeps" / "s" / "slurm").exists()
+
+
+# ---------------------------------------------------------------------------------------- end to end (slow)
+FAULTS = """
+name: slurm
+description: 2 methods x 2 seeds on the stand-in through sbatch; lora-again is lora at seed 2 once more (the reference)
+model: standin
+tasks: [RTE]
+methods:
+  - {method: lora, max_update: 6}
+  - {method: prompt-tuning-5, max_update: 2}
+  - {label: lora-again, method: lora, max_update: 6, seeds: [2], args: [--keep-interval-updates, 9]}
+lrs: recipe
+seeds: [1, 2]
+args: [--total-batch, 8, --save-interval-updates, 2, --validate-interval-updates, 6]
+"""
+LORA1, PT2 = "RTE.lora.lr-recipe.seed1", "RTE.prompt-tuning-5.lr-recipe.seed2"
+LORA2, AGAIN = "RTE.lora.lr-recipe.seed2", "RTE.lora-again.lr-recipe.seed2"
+
+
+def wait_for(what, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what.__doc__}")
+
+
+def run_folder(work, name):
+    """The run folder named in the run's log (None until it started)."""
+    log = Path(work) / "sweeps" / "slurm" / "logs" / f"{name}.log"
+    found = re.search(r"^run folder: (\S+)", log.read_text(), re.M) if log.is_file() else None
+    return Path(found.group(1)) if found else None
+
+
+def saved_update_2(work, name):
+    """The run started, saved its checkpoint at update 2, and has not finished."""
+    folder = run_folder(work, name)
+    return folder and (folder / "checkpoint_1_2.pt").is_file() and not (folder / "results.json").is_file()
+
+
+def task_process(job):
+    """The pid of array task ``job`` (``ID_N``)'s submitit process, or None."""
+    array, index = job.split("_")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"submitit.core._submit" not in (proc / "cmdline").read_bytes():
+                continue
+            env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if env.get(b"SLURM_ARRAY_JOB_ID") == array.encode() and env.get(b"SLURM_ARRAY_TASK_ID") == index.encode():
+            return int(proc.name)
+    return None
+
+
+def state(job):
+    return subprocess.run(["squeue", "-h", "-j", job, "-t", "all", "-o", "%T"], capture_output=True, text=True).stdout
+
+
+def requeued_again(job):
+    """A requeued job waits 2 minutes before it is eligible again (Slurm's own delay): made eligible now."""
+    if (
+        "BeginTime"
+        not in subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True, text=True).stdout
+    ):
+        return False
+    return subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0
+
+
+def trained(folder):
+    checkpoint = torch.load(folder / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return {k: v for k, v in checkpoint["model"].items() if not k.startswith("_")}
+
+
+@pytest.mark.slow
+def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices, standin_model, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(FAULTS)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--executor", "slurm", "--work-dir", str(work)]
+    cmd += ["--gpus-per-run", "0", "--cpus-per-run", "1", "--array-parallelism", "2", "--poll", "1"]
+    env = {**os.environ, **slurm, "GLUE_DIR": str(glue_slices)}
+    slurm_dir = work / "sweeps" / "slurm" / "slurm"
+
+    def start(name):
+        out = tmp_path / f"{name}.out"
+        return subprocess.Popen(cmd, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env), out
+
+    # 1. five runs as one array, 2 at a time; while it runs: a pending task cancelled, a running one signalled
+    # as before its time limit, one requeued by the cluster (preemption), one killed with kill -9
+    first, first_out = start("first")
+    submitted = slurm_dir / "submitted.json"
+    ids = wait_for(lambda: submitted.is_file() and json.loads(submitted.read_text()))
+    assert ids[AGAIN].endswith("_4") and "PENDING" in state(ids[AGAIN])
+    subprocess.run(["scancel", ids[AGAIN]], check=True)
+    wait_for(lambda: saved_update_2(work, LORA1))
+    # what Slurm sends before the limit
+    signalling = subprocess.Popen(["scancel", "--signal=USR2", ids[LORA1]], stderr=subprocess.DEVNULL)
+    wait_for(lambda: requeued_again(ids[LORA1]))
+    signalling.kill()  # scancel goes on asking while the job is requeued
+    signalling.wait()
+    wait_for(lambda: saved_update_2(work, LORA2))
+    subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
+    wait_for(lambda: requeued_again(ids[LORA2]))
+    pid = wait_for(lambda: run_folder(work, PT2) and task_process(ids[PT2]))
+    os.kill(pid, signal.SIGKILL)
+    assert first.wait(timeout=900) == 1, first_out.read_text()[-3000:]
+    out = first_out.read_text()
+    assert f"cancelled: {AGAIN} (job {ids[AGAIN]}, scancel); not run" in out
+    assert re.search(rf"FAILED {re.escape(PT2)} \(job {ids[PT2]}: FAILED", out), out[-3000:]
+    assert "[sweep slurm] 3/5 done (0 cached), 0 running, 1 failed, 1 cancelled, 0 left" in out
+    assert "1 run(s) cancelled (scancel): run this sweep again to run them" in out
+    logs = work / "sweeps" / "slurm" / "logs"
+    assert "time limit near or preempted: requeued" in (logs / f"{LORA1}.log").read_text()
+    assert (logs / f"{LORA2}.log").read_text().count("slurm job ") == 2  # ran, requeued, ran again
+
+    # 2. the same command runs only the cancelled and the failed run; the controller stops while it waits
+    second, second_out = start("second")
+    wait_for(lambda: "submitted 2 job(s)" in second_out.read_text())
+    again = json.loads(submitted.read_text())
+    assert {again[AGAIN], again[PT2]} & {ids[AGAIN], ids[PT2]} == set()
+    wait_for(lambda: "RUNNING" in state(again[AGAIN]) and "RUNNING" in state(again[PT2]))
+    os.kill(int((STATE / "slurmctld.pid").read_text()), signal.SIGTERM)
+    assert second.wait(timeout=120) == 1
+    last = second_out.read_text().strip().splitlines()[-1]
+    assert re.fullmatch(r"sweep: error: the Slurm controller does not answer \(squeue: .*\); 2 job\(s\) stay as "
+                        r"they were: run the same command again to follow them", last), last  # fmt: skip
+    subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=120)
+
+    # 3. the same command follows the two jobs (or finds them finished) and submits nothing
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "[sweep slurm] 5/5 done" in third.stdout and not re.search(r"submitted [1-9]", third.stdout)
+    assert json.loads(submitted.read_text()) == again
+
+    # 4. all cached: nothing submitted
+    before = jobs_known()
+    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert fourth.returncode == 0 and "[sweep slurm] 5/5 done (5 cached)" in fourth.stdout, fourth.stdout[-2000:]
+    assert "submitted" not in fourth.stdout and jobs_known() == before
+
+    # the run requeued mid-training resumed: its trained tensors and scores are the uninterrupted run's
+    requeued, reference = run_folder(work, LORA2), run_folder(work, AGAIN)
+    assert requeued != reference
+    a, b = trained(requeued), trained(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    results = [json.loads((f / "results.json").read_text())["results"] for f in (requeued, reference)]
+    assert results[0] == results[1]
+
+    # the table from the records
+    records = work / "sweeps" / "slurm" / "records"
+    assert len(list(records.rglob("*.json"))) == 5
+    table = tmp_path / "table"
+    done = subprocess.run([sys.executable, "-m", "fairseq_idpg.results", str(records), "--spec", str(spec),
+                           "--out-dir", str(table)], capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = (table / "table.csv").read_text()
+    assert all(label in rows for label in ("lora", "prompt-tuning-5", "lora-again"))
