@@ -664,34 +664,37 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         free.put(s)
     executor = LocalExecutor(slots, Path(sweep_dir) / "logs")
 
-    def work(item):
-        run, p = item
-        argv = [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)]
-        progress.update(started=1, note=f"start {run.name}")
+    def work(unit):
+        run, argv = unit[0][0], unit_command(unit, opts)
+        progress.update(
+            started=len(unit), note=f"start {run.name}" + (f" + {len(unit) - 1} fused" if len(unit) > 1 else "")
+        )
         progress.watch(run.name, Path(sweep_dir) / "logs" / f"{run.name}.log")
         try:
             outcome = executor.run_one(run, argv, free)
         finally:
             progress.unwatch(run.name)
         if outcome is None:
-            progress.update(started=-1)
+            progress.update(started=-len(unit))
             return
         code, seconds, log = outcome
-        if code == 0 and p.finished:
-            failures.set(run.name, None)
-            record_finished(run, p, records, progress, f"{run.name} ({format_duration(seconds)})", seconds)
-        elif code == IN_USE_EXIT and not executor.stopping:
-            failures.set(run.name, None)
-            progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
-        elif not executor.stopping:
-            failures.set(run.name, {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)})
-            progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
-        else:
-            progress.update(started=-1)
+        for run, p in unit:
+            if p.finished:
+                failures.set(run.name, None)
+                record_finished(run, p, records, progress, f"{run.name} ({format_duration(seconds)})", seconds)
+            elif code == IN_USE_EXIT and not executor.stopping:
+                failures.set(run.name, None)
+                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+            elif not executor.stopping:
+                entry = {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)}
+                failures.set(run.name, entry)
+                progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
+            else:
+                progress.update(started=-1)
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: stop the runs, keep their state
     pool = ThreadPoolExecutor(len(slots))
-    futures = [pool.submit(work, item) for item in pending]
+    futures = [pool.submit(work, unit) for unit in fused_units(pending, opts.fuse)]
     try:
         for f in futures:
             while True:
@@ -707,6 +710,39 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
     finally:
         signal.signal(signal.SIGTERM, previous)
     pool.shutdown(wait=True)
+
+
+def fused_units(pending, k):
+    """``pending`` [(run, plan)] as units of work: groups of up to ``k`` runs that may train together
+    (``run.group.fusion_key``: the same fairseq-train command but for lr, seed and folder), in the order of
+    their first run; a run whose method trains alone is a unit of one."""
+    from fairseq_idpg.run.group import fusion_key
+
+    groups = {}
+    for item in pending:
+        key = fusion_key(item[1]) if k > 1 else None
+        groups.setdefault(key if key is not None else id(item), []).append(item)
+    units = [items[i : i + k] for items in groups.values() for i in range(0, len(items), k)]
+    first = {id(item): n for n, item in enumerate(pending)}
+    return sorted(units, key=lambda unit: first[id(unit[0])])
+
+
+def unit_command(unit, opts):
+    """The main job's command for a unit of work: ``fairseq_idpg.run`` for one run, ``fairseq_idpg.run.group``
+    for runs trained together (each its own folder and record)."""
+    if len(unit) == 1:
+        return [sys.executable, "-m", "fairseq_idpg.run", *unit[0][0].argv(opts.model, opts.work_dir)]
+    members = [x for r, _ in unit for x in ("--member", shlex.join(r.argv(opts.model, opts.work_dir)))]
+    return [sys.executable, "-m", "fairseq_idpg.run.group", *members]
+
+
+def fused_line(units):
+    together = [u for u in units if len(u) > 1]
+    alone = sum(len(u) == 1 for u in units)
+    return (
+        f"fused: {sum(map(len, together))} run(s) in {len(together)} group(s) of up to "
+        f"{max(map(len, together), default=0)} on one backbone each, {alone} alone"
+    )
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -740,6 +776,15 @@ def parse_args(argv):
     g.add_argument("--jobs", type=int, help="parallel runs (default: one per visible GPU, else 1)")
     g.add_argument("--runs-per-gpu", type=int, default=1, help="runs packed on one GPU (default 1)")
     g.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / parallel runs)")
+    g.add_argument(
+        "--fuse",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train up to K runs that differ only in lr and seed together, on one frozen backbone: one "
+        "forward and backward for all of them per update, each with its own folder, record and scores "
+        "(frozen-backbone methods; default 1: each run alone)",
+    )
     g = p.add_argument_group("slurm executor (submitit job array)")
     g.add_argument("--partition")
     g.add_argument("--account")
@@ -752,10 +797,12 @@ def parse_args(argv):
     g.add_argument("--array-parallelism", type=int, default=256, help="array tasks running at once (default 256)")
     g.add_argument("--poll", type=int, default=30, help="seconds between looks at the jobs' states (default 30)")
     opts = p.parse_args(argv)
-    for flag in ("jobs", "runs_per_gpu", "threads", "max_update", "time", "mem", "array_parallelism", "poll"):
+    for flag in ("jobs", "runs_per_gpu", "threads", "fuse", "max_update", "time", "mem", "array_parallelism", "poll"):
         value = getattr(opts, flag)
         if value is not None and value < 1:
             raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if opts.fuse > 1 and opts.executor == "slurm":
+        raise SweepError("--fuse trains runs together with the local executor only; give --executor local or --fuse 1")
     if opts.gpus_per_run < 0 or opts.cpus_per_run < 1:
         raise SweepError("--gpus-per-run must be >= 0 and --cpus-per-run >= 1")
     try:  # a file, or a folder this user cannot write (a dry run writes nothing: it may read one)
@@ -889,6 +936,8 @@ def sweep(opts):
     )
     if opts.dry_run:
         _print_plan(plans, elsewhere, pending, damaged)
+        if opts.fuse > 1:
+            print(fused_line(fused_units(pending, opts.fuse)))
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
         warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
         return 0

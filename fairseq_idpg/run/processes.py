@@ -175,7 +175,7 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
     the terminal as it comes (``show(line)`` filters, ``progress`` annotates). Returns (seconds, the
     output if ``keep`` else its last lines). Ctrl-C reaches the command too (same process group);
     SIGTERM is passed on; either way the log keeps everything printed. ``hold``: a lock's file descriptor
-    the command inherits, so that it holds the lock as long as it runs."""
+    (or a list of them) the command inherits, so that it holds the lock as long as it runs."""
     cmd = [str(c) for c in cmd]
     print("+ " + shlex.join(cmd), flush=True)
     start = time.time()
@@ -191,7 +191,7 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
             text=True,
             errors="replace",
             bufsize=1,
-            pass_fds=() if hold is None else (hold,),
+            pass_fds=() if hold is None else tuple(hold) if isinstance(hold, (list, tuple)) else (hold,),
             **child_process_options(),
         )
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))

@@ -114,9 +114,10 @@ def made_up_sample(config):
     return raw if raw and Path(raw).resolve().is_relative_to(SAMPLE_DIR.resolve()) else None
 
 
-def write_record(p, results, diverged=None):
+def write_record(p, results, diverged=None, extra=None):
     """Print the scores and write results.json: the scores, the configuration, the commit, the timings. A
-    diverged run (``diverged``: where and why) is a result without scores: ``score`` None, ``results`` {}."""
+    diverged run (``diverged``: where and why) is a result without scores: ``score`` None, ``results`` {}.
+    ``extra``: more fields (a fused run's ``fused_with``: the runs it trained with)."""
     request, config, save, timings = p.request, p.config, p.folder, p.timings
     updates, batch, lr, metric = config["updates"], config["batch"], config["lr"], config["metric"]
     print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
@@ -151,6 +152,7 @@ def write_record(p, results, diverged=None):
         "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": shlex.join(["scripts/run.sh", *p.argv]),
+        **(extra or {}),
     }
     write_json(save / "results.json", record)
 

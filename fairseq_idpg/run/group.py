@@ -1,0 +1,189 @@
+"""Several runs of the main job trained together on one frozen backbone: ``python -m fairseq_idpg.run.group``.
+
+    python -m fairseq_idpg.run.group --member "SST-2 --method lora --lr 5e-4 --seed 1" \\
+                                     --member "SST-2 --method lora --lr 5e-4 --seed 2"
+
+Each ``--member`` is a ``scripts/run.sh`` command line. Members that differ only in ``--lr`` and ``--seed`` (the
+same method, task, data, model, budget, batch and flags) train in one process (``python -m
+fairseq_idpg.fused.train``: one forward and backward through the backbone per update for all of them); each
+keeps everything a lone run has: its run folder (the same name and hash as alone), its config.json, its
+train.log (fairseq-train's lines, as alone), its checkpoints, its fairseq-validate scores and its results.json,
+which also names the runs it trained with (``fused_with``). A finished member is reported as cached; an
+interrupted group resumes every member from its own checkpoint_last.pt; a member that diverges or fails stops
+alone (its record or its error says so) while the others finish. The group's own output (its progress) is
+in the first member's folder as ``fused.log``.
+"""
+
+import argparse
+import contextlib
+import shlex
+import sys
+import time
+
+from fairseq_idpg.errors import ConfigError, RunError
+from fairseq_idpg.run.execution import (
+    checkpoint_updates,
+    diverged_line,
+    divergence,
+    run_folder_lock,
+    score,
+    show_cached,
+    trained_before,
+)
+from fairseq_idpg.run.processes import tee
+from fairseq_idpg.run.record import read_run_folder, write_json, write_record
+
+MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
+
+
+def fairseq_train_args(p):
+    """The fairseq-train arguments of a plan's launcher command (one device: what the launcher would run)."""
+    from fairseq_idpg.launch import resolve
+
+    opts, cmd = resolve(p.train[p.train.index("fairseq_idpg.launch") + 1 :])
+    if opts.nproc != 1:
+        raise ConfigError(f"{p.folder.name}: fused runs train on one device; give --nproc 1")
+    return cmd[1:]
+
+
+def split_own(args):
+    """(the arguments without the member's own flags, [--lr X --seed Y --save-dir Z])."""
+    rest, own, i = [], {}, 0
+    while i < len(args):
+        if args[i] in MEMBER_FLAGS and i + 1 < len(args):
+            own[args[i]] = args[i + 1]
+            i += 2
+        else:
+            rest.append(args[i])
+            i += 1
+    return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
+
+
+def fusion_key(p):
+    """What members of one group share: the fairseq-train command without lr, seed and folder, or None for a
+    run that trains alone (fine-tuning; EFL)."""
+    if not p.method.frozen_backbone or "efl" in p.method.arch:
+        return None
+    return tuple(split_own(fairseq_train_args(p))[0])
+
+
+def fused_command(plans):
+    """``python -m fairseq_idpg.fused.train`` for the plans; runs that differ in more than lr and seed: one line."""
+    shared, members = None, []
+    for p in plans:
+        rest, own = split_own(fairseq_train_args(p))
+        if shared is None:
+            shared = rest
+        elif rest != shared:
+            differ = sorted(set(rest) ^ set(shared))[:4]
+            raise ConfigError(
+                f"{p.folder.name} and {plans[0].folder.name} differ in more than --lr and --seed "
+                f"({' '.join(differ)}): they cannot train together"
+            )
+        members += ["--member", shlex.join(own)]
+    return [sys.executable, "-m", "fairseq_idpg.fused.train", *shared, *members]
+
+
+def execute_group(plans):
+    """Train the planned runs together and score each (module docstring); the list of members' errors."""
+    errors, todo = [], []
+    with contextlib.ExitStack() as stack:
+        for p in plans:
+            done = read_run_folder(p.folder)
+            if done is None:
+                lock = stack.enter_context(run_folder_lock(p.folder))
+                done = read_run_folder(p.folder)  # another process may have finished it meanwhile
+            if done is not None:
+                print(f"{p.folder.name}: ", end="")
+                show_cached(p.folder, done)
+                continue
+            print(f"{p.folder.name}: ", end="", flush=True)
+            trained = trained_before(p)
+            if not trained:
+                print("training", flush=True)
+            write_json(p.folder / "config.json", p.config)
+            todo.append((p, lock, trained))
+        training = [(p, lock) for p, lock, trained in todo if not trained]
+        if training:
+            _train(training)
+        for p, lock, _ in todo:
+            try:
+                _finish(p, lock, [q.folder.name for q, _ in training if q is not p])
+            except RunError as e:
+                print(f"run.sh: error: {p.folder.name}: {e}", file=sys.stderr, flush=True)
+                errors.append(f"{p.folder.name}: {e}")
+    return errors
+
+
+def _train(training):
+    plans = [p for p, _ in training]
+    names = ", ".join(p.folder.name for p in plans)
+    for p in plans:
+        with open(p.folder / "train.log", "a", encoding="utf-8") as f:
+            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(p.argv)}\n")
+            f.write(f"# trained together with: {names}\n")
+    cmd = fused_command(plans)
+    try:
+        seconds, _ = tee(cmd, plans[0].folder / "fused.log", hold=[lock for _, lock in training])
+    except RunError as e:
+        if str(e).startswith("interrupted"):
+            raise
+        seconds = None  # a member failed: each is judged by its own log below
+    for p in plans:
+        if seconds is not None:
+            p.timings["train"] = round(seconds, 1)  # the group's: every member's training at once
+
+
+def _finish(p, lock, fused_with):
+    """Score a member and write its record: as ``execution.execute_locked`` does for a lone run."""
+    save = p.folder
+    found = divergence(save / "train.log")
+    if found is not None:
+        (save / "crash.pt").unlink(missing_ok=True)
+        write_record(p, {}, diverged=found, extra={"fused_with": fused_with})
+        print(diverged_line(found, p.config["lr"]), file=sys.stderr)
+        return
+    last = save / "checkpoint_last.pt"
+    done = checkpoint_updates(last)[0] if last.is_file() else 0
+    if done < p.config["updates"]:
+        lines = (save / "train.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        raise RunError(f"training stopped at update {done} of {p.config['updates']}: {lines[-1] if lines else ''}")
+    results = score(p, lock)
+    write_record(p, results, extra={"fused_with": fused_with} if fused_with else None)
+
+
+def parse_members(argv):
+    parser = argparse.ArgumentParser(prog="python -m fairseq_idpg.run.group", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--member", action="append", required=True, help="one run's scripts/run.sh command line")
+    from fairseq_idpg.errors import one_line_errors
+
+    one_line_errors(parser)
+    return [shlex.split(m) for m in parser.parse_args(argv).member]
+
+
+def main(argv=None):
+    from fairseq_idpg.run.cli import parse_args
+    from fairseq_idpg.run.planning import check, plan
+
+    members = parse_members(sys.argv[1:] if argv is None else argv)
+    try:
+        requests = [parse_args(m) for m in members]
+        for request in requests:
+            check(request)
+        plans = [plan(request, m) for request, m in zip(requests, members, strict=True)]
+        keys = {fusion_key(p) for p in plans}
+        if None in keys:
+            raise ConfigError(f"--method {requests[0].method}: its runs train alone (its backbone trains, or EFL)")
+        fused_command(plans)  # members that differ in more than lr and seed: refused before anything runs
+    except (ConfigError, RunError) as e:
+        print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    errors = execute_group(plans)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    from fairseq_idpg.logs import quiet_setup_logs
+
+    quiet_setup_logs()
+    sys.exit(main())
