@@ -40,6 +40,7 @@ adds no operator) and named ``backward of <line>``.
 import contextlib
 import os
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from unittest import mock
@@ -267,6 +268,33 @@ def count_launches(fn, trace=True, cuda_like=True, host=()) -> Launches:
     with anomaly, cuda, counter, _HostReads(launches):
         fn()
     return launches
+
+
+class ThreadsCount:
+    """One count over several threads (``fairseq_idpg/fused``: each member's thread, and the fused step):
+    ``enter()`` and ``exit()`` in each thread around what it does, sequentially; ``cuda_like()`` (process-wide
+    patches) around them all. ``launches``: the sum."""
+
+    def __init__(self, trace=False):
+        self.launches, self.trace = Launches(), trace
+        self._local = threading.local()
+
+    def enter(self):
+        if getattr(self._local, "modes", None) is None:
+            modes = [_Counting(self.launches, self.trace), _HostReads(self.launches)]
+            for mode in modes:
+                mode.__enter__()
+            self._local.modes = modes
+
+    def exit(self):
+        modes = getattr(self._local, "modes", None)
+        if modes is not None:
+            for mode in reversed(modes):
+                mode.__exit__(None, None, None)
+            self._local.modes = None
+
+    def cuda_like(self):
+        return _cuda_like(_Counting(self.launches, self.trace))
 
 
 # ---------------------------------------------------------------------------------------- a training step

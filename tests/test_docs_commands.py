@@ -113,6 +113,11 @@ RULES = [
     ),
     (r": python3? examples/idpg/supplementary\.py ", "dry-run", "trains roberta.large on MNLI (GPU-days)"),
     (
+        r": python3? -m fairseq_idpg\.(run\.group|fused\.train) ",
+        "help",
+        "trains runs together (minutes); tests/test_fused_train.py and tests/test_sweep_fused.py train them",
+    ),
+    (
         r": python3? -m fairseq_idpg\.results ",
         "help",
         "reads a sweep's records (none in CI) or rewrites the committed tables of docs/results/",

@@ -116,6 +116,7 @@ class FusedGroup:
         self.stacked = None
         self.template = None  # the member whose model was built first: the others share its frozen tensors
         self.steps = 0
+        self._probe, self._probe_round, self._probe_on = None, None, False  # count_round
 
     # ---------------------------------------------------------------- a member's thread
     @contextlib.contextmanager
@@ -123,11 +124,23 @@ class FusedGroup:
         """Member ``index`` runs (holding the baton, its globals in place) inside."""
         self.baton.acquire()
         self.members[index].globals.restore()
+        self._count(True)
         try:
             yield
         finally:
+            self._count(False)
             self.members[index].globals.save()
             self.baton.release()
+
+    def count_round(self, round_index, count):
+        """Count (``launches.ThreadsCount``) what every thread does in round ``round_index`` (0-based): from the
+        start of its fused step to the start of the next one's, each member's update once (its optimizer step,
+        logging, next batch) and the fused forward and backward."""
+        self._probe, self._probe_round, self._probe_on = count, round_index, False
+
+    def _count(self, on):
+        if self._probe is not None and (self._probe_on or not on):
+            self._probe.enter() if on else self._probe.exit()
 
     def leave(self, index):
         """Member ``index`` has ended: the others no longer wait for it (called without the baton)."""
@@ -150,6 +163,7 @@ class FusedGroup:
             batches = self._claim()
         if batches is not None:
             self._run_step(batches)
+        self._count(False)
         self.baton.release()
         try:
             with self.cond:
@@ -158,6 +172,7 @@ class FusedGroup:
         finally:
             self.baton.acquire()
             member.globals.restore()
+            self._count(True)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -171,6 +186,9 @@ class FusedGroup:
         return batches
 
     def _run_step(self, batches):
+        if self._probe is not None and self.steps in (self._probe_round, self._probe_round + 1):
+            self._probe_on = self.steps == self._probe_round
+            self._count(self._probe_on)
         try:
             results = self._fused_step(batches)
         except BaseException as e:  # every waiting member sees the failure as its own step's

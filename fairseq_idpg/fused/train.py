@@ -141,8 +141,10 @@ class _MemberLogs(logging.Handler):
 def share_frozen(model, template):
     """Make ``model``'s frozen tensors ``template``'s own (the same backbone: one copy in memory)."""
     own = dict(template.named_parameters(remove_duplicate=False))
-    if model.backbone_digest() != template.backbone_digest():
-        raise ConfigError("fused runs: the members' backbones differ; give every member the same --backbone")
+    try:  # (the template may already be in fp16/bf16: the fingerprint's tolerance covers the rounding)
+        model.check_backbone(template.backbone_fingerprint())
+    except ConfigError:
+        raise ConfigError("fused runs: the members' backbones differ; give every member the same --backbone") from None
     modules = dict(model.named_modules(remove_duplicate=False))
     for name, p in list(model.named_parameters(remove_duplicate=False)):
         if not p.requires_grad and name in own:
@@ -217,12 +219,13 @@ def _run_member(group, index, cfg, logs, outcome):
         group.leave(index)
 
 
-def train_group(shared, members):
-    """Train the members (``split_members``' output) together; {member index: None or its failure's line}."""
-    return train_configs(member_configs(shared, members))
+def train_group(shared, members, count=None):
+    """Train the members (``split_members``' output) together; {member index: None or its failure's line}.
+    ``count``: (round, ``launches.ThreadsCount``): count that round's launches (``FusedGroup.count_round``)."""
+    return train_configs(member_configs(shared, members), count)
 
 
-def train_configs(cfgs):
+def train_configs(cfgs, count=None):
     """Train the members (their fairseq-train configurations) together (``train_group``)."""
     from unittest import mock
 
@@ -231,6 +234,8 @@ def train_configs(cfgs):
     for cfg in cfgs:
         Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
     group = FusedGroup([cfg.common.seed for cfg in cfgs])
+    if count is not None:
+        group.count_round(*count)
     logs = _MemberLogs([Path(cfg.checkpoint.save_dir) / "train.log" for cfg in cfgs])
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -256,6 +261,10 @@ def train_configs(cfgs):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: {PROG} DATA [fairseq-train flags] --member '--lr LR --seed SEED --save-dir DIR' [--member ...]")
+        print("\n" + __doc__)
+        return 0
     start = time.time()
     try:
         shared, members = split_members(argv)
