@@ -58,6 +58,8 @@ setup(
         "submitit",  # sweeps on Slurm (fairseq_idpg/sweep.py --executor slurm)
         "pandas",  # python -m fairseq_idpg.results
         "matplotlib",  # its plots, and scripts/plot_rank_probe.py
+        "fastapi",  # python -m fairseq_idpg.serve: the HTTP service's ASGI framework
+        "uvicorn",  # ... and its server
         "tensorboardX",  # fairseq's --tensorboard-logdir (without it every fairseq command asks for it)
     ],
     package_data={"fairseq_idpg": ["published/*.yaml", "run/settings_before_hashing.json"]},
@@ -66,7 +68,7 @@ setup(
     # pinned to versions that install together from the package index (adapters 1.3.0 needs transformers
     # ~=4.57.6); scripts/install.sh installs both extras
     extras_require={
-        "test": ["pytest", "pytest-xdist>=3.8", "transformers", "peft", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist>=3.8", "transformers", "peft", "ruff==0.17.6", "httpx"],
         "interop": ["transformers==4.57.6", "peft==0.21.2", "adapters==1.3.0"],
     },
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},

@@ -16,6 +16,22 @@ from fairseq_idpg.data.task_info import TaskInfo
 from fairseq_idpg.methods import get_method
 
 REPO = Path(__file__).resolve().parents[1]
+# the tests' data sets: their label names (None: regression) and whether they read sentence pairs
+LABELS = {
+    "sst2": ["0", "1"],
+    "rte": ["entailment", "not_entailment"],
+    "mnli": ["contradiction", "entailment", "neutral"],
+}
+PAIR = {"sst2": False, "rte": True, "mnli": True, "stsb": True}
+
+
+def write_runs(root, backbone, tasks):
+    """{task: run folder} under ``root`` for ``tasks`` {name: (method record, data set)}, task i with seed i."""
+    data = {d: write_data(root / "data" / d, backbone, LABELS.get(d), PAIR[d], name=d.upper()) for d in PAIR}
+    return {
+        name: write_run(root / "runs" / name, m, data[d], backbone, seed=i)
+        for i, (name, (m, d)) in enumerate(tasks.items())
+    }
 
 
 def write_data(folder, backbone, labels=None, pair=False, name="SST-2"):

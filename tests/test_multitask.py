@@ -6,19 +6,13 @@ The runs are built from tiny models (tests/multitask_support.py), not trained.""
 
 import pytest
 import torch
-from multitask_support import write_data, write_run
+from multitask_support import LABELS, PAIR, write_run, write_runs
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.hub import MultiTaskModel
 from fairseq_idpg.hub.attached import HEAD, frozen_tensors
 from fairseq_idpg.hub.packing import pack
 
-LABELS = {
-    "sst2": ["0", "1"],
-    "rte": ["entailment", "not_entailment"],
-    "mnli": ["contradiction", "entailment", "neutral"],
-}
-PAIR = {"sst2": False, "rte": True, "mnli": True, "stsb": True}
 # task name -> (method record, data); tasks of one method on data with other class counts share a pass
 TASKS = {
     "pt-sst2": ("prompt-tuning-5", "sst2"), "pt-rte": ("prompt-tuning-5", "rte"), "dpt-mnli": ("dpt", "mnli"),
@@ -39,12 +33,7 @@ pytestmark = pytest.mark.xdist_group("multitask")  # one worker builds the runs 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny4):
     """({task: run folder}, the tiny backbone) of TASKS, each with its own seed."""
-    root = tmp_path_factory.mktemp("multitask")
-    data = {d: write_data(root / "data" / d, tiny4, LABELS.get(d), PAIR[d], name=d.upper()) for d in PAIR}
-    folders = {
-        name: write_run(root / "runs" / name, method, data[d], tiny4, seed=i)
-        for i, (name, (method, d)) in enumerate(TASKS.items())
-    }
+    folders = write_runs(tmp_path_factory.mktemp("multitask"), tiny4, TASKS)
     return folders, tiny4
 
 

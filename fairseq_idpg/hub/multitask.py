@@ -24,6 +24,10 @@ from .attached import HEAD, frozen_tensors, load_run, share_backbone
 from .groups import MethodGroup
 
 
+class InputTooLong(ValueError):
+    """A row with more tokens than its task's model takes."""
+
+
 class MultiTaskModel:
     """A frozen backbone (``backbone``: its fairseq checkpoint) and any number of trained runs attached by name.
 
@@ -87,7 +91,9 @@ class MultiTaskModel:
             raise ValueError(f"task {name}: takes {want} per row, got {len(texts)}")
         tokens = task.text.encode(*texts)
         if len(tokens) > task.max_tokens:
-            raise ValueError(f"task {name}: input of {len(tokens)} tokens, longer than the {task.max_tokens} it takes")
+            raise InputTooLong(
+                f"task {name}: input of {len(tokens)} tokens, longer than the {task.max_tokens} it takes"
+            )
         return tokens
 
     def passes(self, names):
@@ -99,10 +105,11 @@ class MultiTaskModel:
     def logits(self, names, texts):
         """Each row's logits (a tensor [classes of its task]; regression: [1]). ``names``: one task name for
         every row, or one per row; ``texts``: a sentence or pair per row."""
-        names = [names] * len(texts) if isinstance(names, str) else list(names)
-        if len(names) != len(texts):
-            raise ValueError(f"{len(names)} task names for {len(texts)} rows: give one per row, or one for all")
-        rows = [self.encode(n, t) for n, t in zip(names, texts, strict=True)]
+        names = self._names(names, texts)
+        return self.logits_of_tokens(names, [self.encode(n, t) for n, t in zip(names, texts, strict=True)])
+
+    def logits_of_tokens(self, names, rows):
+        """``logits`` of rows already encoded (``encode``): one pass per method group present."""
         out = [None] * len(rows)
         for group in self.groups:
             index = {t.name: i for i, t in enumerate(group.tasks)}
@@ -115,25 +122,29 @@ class MultiTaskModel:
                 out[i] = row[: self.tasks[names[i]].num_outputs]
         return out
 
+    @staticmethod
+    def _names(names, texts):
+        names = [names] * len(texts) if isinstance(names, str) else list(names)
+        if len(names) != len(texts):
+            raise ValueError(f"{len(names)} task names for {len(texts)} rows: give one per row, or one for all")
+        return names
+
     def predict(self, names, texts):
         """Each row's prediction: ``{"task", "label", "probabilities": {label: p}}``, or for a regression task
         ``{"task", "score"}``."""
-        names = [names] * len(texts) if isinstance(names, str) else list(names)
+        names = self._names(names, texts)
+        return self.predictions(names, self.logits(names, texts))
+
+    def predictions(self, names, logits):
+        """``predict``'s dicts from each row's task name and logits."""
         results = []
-        for name, logits in zip(names, self.logits(names, texts), strict=True):
+        for name, row in zip(names, logits, strict=True):
             task = self.tasks[name]
             if task.labels is None:
-                results.append({"task": name, "score": float(logits[0])})
+                results.append({"task": name, "score": float(row[0])})
                 continue
-            probabilities = torch.softmax(logits, -1).tolist()
-            best = int(logits.argmax())
-            results.append(
-                {
-                    "task": name,
-                    "label": task.labels[best],
-                    "probabilities": dict(zip(task.labels, probabilities, strict=True)),
-                }
-            )
+            probabilities = dict(zip(task.labels, torch.softmax(row, -1).tolist(), strict=True))
+            results.append({"task": name, "label": task.labels[int(row.argmax())], "probabilities": probabilities})
         return results
 
     def describe(self):
