@@ -124,6 +124,13 @@ RULES = [
     ),
     (r": python3? scripts/count_params\.py ", "run", ""),
     (r": python3? scripts/benchmark_\w+\.py", "help", "a benchmark: minutes of timing"),
+    (r": python3? scripts/bench_serving\.py", "help", "a benchmark: minutes of timing"),
+    (
+        r"^docs/serving\.md: python3? -m fairseq_idpg\.serve ",
+        "help",
+        "serves until stopped, and needs trained runs; tests/test_serve.py serves runs it builds, its command too",
+    ),
+    (r"^docs/serving\.md: curl ", "elsewhere:tests/test_serve.py", "asks the service above (tested over loopback)"),
 ]
 
 
