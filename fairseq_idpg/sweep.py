@@ -882,6 +882,9 @@ def _record_earlier(finished, elsewhere, records, damaged):
 
 def _outcome(plans, spec, progress, failures, records, sweep_dir):
     """The closing lines (progress, where the records are, runs skipped or failed); the exit status."""
+    for r, p in plans:  # an earlier failure of a run that has finished since (a rerun, a requeued job) is over
+        if r.name in failures.items and p.finished:
+            failures.set(r.name, None)
     failed = [r.name for r, _ in plans if r.name in failures.items]
     print(progress.line())
     print(f"records: {records}  (python -m fairseq_idpg.results {records}"

@@ -40,7 +40,7 @@ install_packages() {
 
 write_conf() {
     local cpus mem
-    cpus=$(nproc)
+    cpus=$(nproc --all)  # --all: OMP_NUM_THREADS (a test worker sets it) changes what plain nproc says
     mem=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2)) # half the memory, in MB
     cat >"$CONF" <<EOF
 # written by scripts/slurm_cluster.sh

@@ -113,6 +113,12 @@ RULES = [
     ),
     (r": python3? examples/idpg/supplementary\.py ", "dry-run", "trains roberta.large on MNLI (GPU-days)"),
     (
+        r"^docs/sweeps\.md: (eval \$\(bash scripts/slurm_cluster\.sh start\)|bash scripts/slurm_cluster\.sh stop"
+        r"|squeue; )",
+        "elsewhere:tests/test_slurm.py",
+        "a one-machine Slurm cluster (root, its packages) and its jobs: the Slurm tests start it and drive it",
+    ),
+    (
         r": python3? -m fairseq_idpg\.(run\.group|fused\.train) ",
         "help",
         "trains runs together (minutes); tests/test_fused_train.py and tests/test_sweep_fused.py train them",
