@@ -478,30 +478,34 @@ def per_update(build, name, shape, dtype=torch.bfloat16, trace=True):
 PRECISIONS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def train_folders(shape, folder):
+def train_folders(shape, folder, batches=4, bpe_dir=None):
     """(backbone folder, data folder) for fairseq-train at ``shape``, written into ``folder`` once: a random
-    RoBERTa of the shape and synthetic SST-2 sentences of ``shape.length`` tokens (``check_gpu``'s)."""
+    RoBERTa of the shape (the stand-in's WordPiece vocabulary, or RoBERTa's own dictionary from the GPT-2 BPE
+    folder ``bpe_dir``) and synthetic SST-2 sentences of ``shape.length`` tokens (``check_gpu``'s), ``batches``
+    batches of training data."""
     from pathlib import Path
 
     from fairseq_idpg.check_gpu.data import write_synthetic_data
     from fairseq_idpg.conversion.tiny import write_tiny_roberta
 
-    model, data = Path(folder) / "model", Path(folder) / "data"
+    model, data = Path(folder) / "model", Path(folder) / f"data-{batches * shape.batch}x{shape.length}"
     if not (model / "model.pt").exists():
-        write_tiny_roberta(model, layers=shape.layers, dim=shape.dim, heads=shape.heads, ffn=shape.ffn)
+        write_tiny_roberta(model, layers=shape.layers, dim=shape.dim, heads=shape.heads, ffn=shape.ffn, bpe_dir=bpe_dir)
     if not (data / "task.json").exists():
-        write_synthetic_data(data, model / "dict.txt", train=4 * shape.batch, valid=shape.batch, tokens=shape.length)
+        write_synthetic_data(
+            data, model / "dict.txt", train=batches * shape.batch, valid=shape.batch, tokens=shape.length
+        )
     return model, data
 
 
-def train_argv(name, shape, dtype, folder):
+def train_argv(name, shape, dtype, folder, cpu=True, batches=4, bpe_dir=None):
     """fairseq-train's arguments for record ``name`` as ``scripts/run.sh`` plans them (its recipe's Adam,
-    clipping, schedule, logging every update), on the CPU, at ``shape``, in ``dtype``."""
+    clipping, schedule, logging every update), on the CPU (else the GPU), at ``shape``, in ``dtype``."""
     from fairseq_idpg.check_gpu.training import Setup, fairseq_train_argv, launcher_command
 
-    model, data = train_folders(shape, folder)
-    setup = Setup(model, data, model.parent / "runs", True, shape.batch, shape.length, updates=100)
-    return fairseq_train_argv(launcher_command(setup, name, PRECISIONS[dtype]), cpu=True)
+    model, data = train_folders(shape, folder, batches, bpe_dir)
+    setup = Setup(model, data, model.parent / "runs", cpu, shape.batch, shape.length, updates=100)
+    return fairseq_train_argv(launcher_command(setup, name, PRECISIONS[dtype]), cpu=cpu)
 
 
 def build_trainer(argv):

@@ -4,6 +4,7 @@
     python scripts/bench_fused.py launches                       # kernel launches per member-update, K = 1, 4, 20
     python scripts/bench_fused.py launches lora --k 20 --layers 24
     python scripts/bench_fused.py wall --k 4 --updates 50        # CPU wall time: K fused runs vs the K alone
+    python scripts/bench_fused.py wall --k 20 --alone 2 --device cuda --size large --batch 16 --length 128
 
 ``launches`` (does not depend on the device): a whole fairseq-train update of one run alone
 (``launches.update_launches``: its trainer, the run's flags, bf16, 24 layers x 64, batch 4 x 32, a quarter of
@@ -14,13 +15,17 @@ GPU run does on the host, as the lone count reuses its batch), divided by K. Pri
 method and K: launches per member-update, and the ratio to the lone run's.
 
 ``wall``: fairseq-train's main run K times one after another (seeds 1..K, validation every ``--updates / 2``
-updates) against the K runs trained together, both in this process on the same data and threads; printed:
-seconds each, and lone / fused.
+updates) against the K runs trained together, both in this process on the same data and threads, on the CPU or
+a GPU (``--device cuda --size large``: RoBERTa-large's shape, random weights). Printed: seconds of the K runs
+each way (startup and validation included; ``--alone N`` times N of the K lone runs and scales to K) and their
+ratio; the steady state: ms per update of a lone run (the median gap between updates), ms per round of the
+group (one update of every member) and the updates-per-second ratio, K x the one / the other.
 """
 
 import argparse
 import contextlib
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -38,13 +43,20 @@ HOST_DATA = ("fairseq/data/", "fairseq_idpg/data/")  # source lines of the data 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("launches", "wall"))
+    p.add_argument("what", choices=("launches", "wall", "step"))
     p.add_argument("methods", nargs="*", default=list(DEFAULT_METHODS))
     p.add_argument("--k", type=int, nargs="+", default=None, help="members (default: 1 4 20; wall: 4)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--updates", type=int, default=40, help="wall: updates per run")
+    p.add_argument("--work", default=None, help="wall: where the random backbone and data are written (reused)")
+    p.add_argument("--bpe-dir", default=None, help="a GPT-2 BPE folder: the random backbone gets RoBERTa's dictionary")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="wall: where the runs train")
+    p.add_argument("--size", choices=("tiny", *SIZES), default="tiny", help="wall: tiny is --layers x --dim")
+    p.add_argument("--batch", type=int, default=16, help="wall: sentences per batch")
+    p.add_argument("--length", type=int, default=64, help="wall: tokens per sentence")
+    p.add_argument("--alone", type=int, default=None, help="wall: run this many of the K runs alone, scaled to K")
     return p.parse_args(argv)
 
 
@@ -94,33 +106,132 @@ def launches(opts):
         print(f"{name:<18} {alone:>7,} {cells}", flush=True)
 
 
+SIZES = {"large": dict(layers=24, dim=1024, heads=16, ffn=4096), "base": dict(layers=12, dim=768, heads=12, ffn=3072)}
+
+
+@contextlib.contextmanager
+def update_starts(starts):
+    """Append the start of every fairseq ``Trainer.train_step`` (one update) to ``starts``."""
+    from fairseq.trainer import Trainer
+
+    train_step = Trainer.train_step
+
+    def timed(self, *args, **kwargs):
+        starts.append(time.perf_counter())
+        return train_step(self, *args, **kwargs)
+
+    Trainer.train_step = timed
+    try:
+        yield
+    finally:
+        Trainer.train_step = train_step
+
+
+def steady(starts, skip=3):
+    """The median time between consecutive starts, the first ``skip`` left out (warm-up)."""
+    gaps = [b - a for a, b in zip(starts[skip:-1], starts[skip + 1 :], strict=True)]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
 def wall(opts):
-    from fairseq_idpg.fused.train import train_group
-    from fairseq_idpg.launches import PRECISIONS as P
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from checkpoint_support import fairseq_train  # fairseq-train's main in this process, from a new process's state
-
-    shape = Shape(layers=opts.layers, dim=opts.dim, batch=16, length=64)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # checkpoint_support
+    cuda = opts.device == "cuda"
+    sizes = SIZES.get(opts.size, dict(layers=opts.layers, dim=opts.dim))
+    shape = Shape(**sizes, batch=opts.batch, length=opts.length)
     dtype = DTYPES[opts.dtype]
     k = (opts.k or [4])[0]
-    print(f"CPU wall time: {k} runs of {opts.updates} updates, {shape.layers} layers x {shape.dim}, batch "
-          f"{shape.batch} x {shape.length}, {P[dtype]}, {torch.get_num_threads()} threads")  # fmt: skip
+    alone = min(k, opts.alone or k)
+    where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
+    print(f"wall time: {k} runs of {opts.updates} updates (validation every {max(1, opts.updates // 2)}), "
+          f"{shape.layers} layers x {shape.dim}, batch {shape.batch} x {shape.length}, {PRECISIONS[dtype]}, "
+          f"{where}; alone: {alone} of the {k} runs one after another"
+          + (f", scaled to {k}" if alone < k else ""), flush=True)  # fmt: skip
+    print(f"{'method':<16} {'alone s':>8} {'fused s':>8} {'ratio':>6} {'ms/update alone':>16} "
+          f"{'ms/round fused':>15} {'updates/s ratio':>16}", flush=True)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        work = Path(opts.work or stack.enter_context(tempfile.TemporaryDirectory()))
+        work.mkdir(parents=True, exist_ok=True)
+        for name in opts.methods:
+            with tempfile.TemporaryDirectory(dir=work) as folder:
+                wall_of(name, shape, dtype, k, alone, work, folder, opts)
+
+
+def wall_of(name, shape, dtype, k, alone, work, folder, opts):
+    """One method's line of ``wall``: ``alone`` of the ``k`` runs one after another, then the ``k`` together."""
+    from checkpoint_support import fairseq_train  # fairseq-train's main in this process, from a new process's state
+
+    from fairseq_idpg.fused.train import train_group
+
+    argv = train_argv(name, shape, dtype, work, cpu=opts.device == "cpu", batches=opts.updates, bpe_dir=opts.bpe_dir)
+    shared = without_member_flags(argv)
+    shared += ["--max-update", str(opts.updates), "--validate-interval-updates", str(max(1, opts.updates // 2))]
+    members = [["--lr", "1e-4", "--seed", str(s), "--save-dir", f"{folder}/fused/{s}"] for s in range(1, k + 1)]
+    lone = []
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(None):
+        for own in members[:alone]:
+            starts = []
+            with update_starts(starts):
+                fairseq_train([*shared, *own[:4], "--save-dir", own[5].replace("fused", "alone")])
+            lone.append(steady(starts))
+    alone_seconds = (time.perf_counter() - start) * k / alone
+    rounds = []
+    start = time.perf_counter()
+    outcome = train_group(shared, members, round_starts=rounds)
+    fused = time.perf_counter() - start
+    assert not any(outcome.values()), outcome
+    per_update, per_round = statistics.median(lone), steady(rounds)
+    print(f"{name:<16} {alone_seconds:8.1f} {fused:8.1f} {alone_seconds / fused:6.2f} {per_update * 1e3:16.1f} "
+          f"{per_round * 1e3:15.1f} {k * per_update / per_round:16.2f}", flush=True)  # fmt: skip
+
+
+def step(opts):
+    """ms per training step of K members in one StackedMembers forward/backward and one Adam over the stacked
+    tensors (no fairseq trainer: the fused step's own cost), against the method's plain step alone."""
+    from fairseq_idpg.check_gpu.timing import time_steps
+    from fairseq_idpg.fused.stacked import StackedMembers
+    from fairseq_idpg.launches import ours, tiny_batch
+
+    device = torch.device(opts.device)
+    sizes = SIZES.get(opts.size, dict(layers=opts.layers, dim=opts.dim))
+    shape = Shape(**sizes, batch=opts.batch, length=opts.length)
+    dtype = DTYPES[opts.dtype]
+    ks = opts.k or [1, 4, 20]
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (CPU time)"
+    print(f"ms per step: {shape.layers} layers x {shape.dim}, batch {shape.batch} x {shape.length}, "
+          f"{PRECISIONS[dtype]}, {where}; fused: K members' step; K x alone / fused", flush=True)  # fmt: skip
+    tokens, labels = tiny_batch(shape, device)
     for name in opts.methods:
-        with tempfile.TemporaryDirectory() as folder:
-            shared = without_member_flags(train_argv(name, shape, dtype, folder))
-            shared += ["--max-update", str(opts.updates), "--validate-interval-updates", str(max(1, opts.updates // 2))]
-            members = [["--lr", "1e-4", "--seed", str(s), "--save-dir", f"{folder}/fused/{s}"] for s in range(1, k + 1)]
-            start = time.perf_counter()
-            with contextlib.redirect_stdout(None):
-                for own in members:
-                    fairseq_train([*shared, *own[:4], "--save-dir", own[5].replace("fused", "alone")])
-            alone = time.perf_counter() - start
-            start = time.perf_counter()
-            outcome = train_group(shared, members)
-            fused = time.perf_counter() - start
-            assert not any(outcome.values()), outcome
-        print(f"{name:<18} alone {alone:7.1f} s   fused {fused:7.1f} s   alone / fused {alone / fused:5.2f}")
+        model, _ = ours(name, shape, dtype=dtype)
+        model = model.to(device)
+        extra = {}
+        if hasattr(model, "attach_sentence_cache"):
+            extra["sentence_ids"] = torch.arange(shape.batch, device=device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        forward = lambda m=model, e=extra: m(tokens, classification_head_name="head", **e)[0]  # noqa: E731
+        alone, _ = time_steps(forward, params, labels, steps=10, warmup=3, repeats=3)
+        cells = []
+        for k in ks:
+            stacked = StackedMembers(model, k=k)
+            many = tokens.expand(k, *tokens.shape).contiguous()
+            per_row = {key: v.expand(k, *v.shape).contiguous() for key, v in extra.items()}
+
+            def fused(stacked=stacked, many=many, per_row=per_row):
+                logits = stacked(many, features_only=True, classification_head_name="head", **per_row)
+                return logits.reshape(-1, logits.size(-1))
+
+            try:
+                seconds, _ = time_steps(fused, list(stacked.tensors), labels.repeat(k), steps=10, warmup=3, repeats=3)
+                cells.append(f"K={k} {seconds * 1e3:8.2f} ({k * alone / seconds:5.2f})")
+            except torch.OutOfMemoryError:
+                cells.append(f"K={k} out of memory")
+            del stacked, fused
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        print(f"  {name:<16} alone {alone * 1e3:8.2f}  " + "  ".join(cells), flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def main(argv=None):
@@ -128,7 +239,7 @@ def main(argv=None):
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("fairseq", "fairseq_cli", "fairseq_idpg"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return launches(opts) if opts.what == "launches" else wall(opts)
+    return {"launches": launches, "wall": wall, "step": step}[opts.what](opts)
 
 
 if __name__ == "__main__":

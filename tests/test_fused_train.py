@@ -13,7 +13,7 @@ import torch
 from checkpoint_support import fairseq_train
 from conftest import REPO, tiny_sst2
 
-from fairseq_idpg.fused.train import LOG_FORMAT, split_members, train_group
+from fairseq_idpg.fused.train import LOG_FORMAT, member_configs, split_members, train_group
 from fairseq_idpg.methods import get_method
 
 # a method of each family, with its own dropout off (the fused members draw their own masks)
@@ -105,6 +105,26 @@ def test_fused_members_end_as_they_end_alone(name, tiny, tiny_data, tmp_path):
         assert [u for u, _, _ in got] == [u for u, _, _ in want] == ["5", "6", "10", "12"]  # each epoch end, every 6
         assert [a for _, a, _ in got] == [a for _, a, _ in want]
         assert [float(x) for _, _, x in got] == pytest.approx([float(x) for _, _, x in want], abs=2e-3)
+
+
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "m-idpg-phm", "lora", "bitfit"])
+def test_member_configs_equal_fairseqs_own_conversion(name, tiny, tiny_data, tmp_path):
+    """Only the first member's config is made by fairseq's (slow) conversion; each other member's is derived from
+    it and must equal what the conversion makes of that member's command line."""
+    from omegaconf import OmegaConf
+
+    def plain(cfg):
+        return {k: v if isinstance(v, (dict, type(None))) else vars(v) for k, v in OmegaConf.to_container(cfg).items()}
+
+    data, dims = tiny_data
+    shared = shared_args(name, data, dims, tiny.model_file) + ["--fp16"]
+    members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / seed)] for lr, seed in MEMBERS]
+    derived = member_configs(shared, members)
+    for own, cfg in zip(members[1:], derived[1:], strict=True):
+        (converted,) = member_configs(shared, [own])
+        assert plain(cfg) == plain(converted)
+        assert cfg.optimizer.lr == cfg.lr_scheduler.lr == [float(own[1])] and cfg.common.seed == int(own[3])
+    assert plain(derived[0]) != plain(derived[1])
 
 
 def test_member_flags_are_checked_before_anything_runs(tmp_path):

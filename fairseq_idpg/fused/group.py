@@ -26,6 +26,7 @@ gradients of its own tensors, which its fairseq trainer then clips, normalises a
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 import torch
@@ -104,8 +105,9 @@ class Member:
 class FusedGroup:
     """The meeting point of K member threads (module docstring)."""
 
-    def __init__(self, seeds):
+    def __init__(self, seeds, round_starts=None):
         self.members = [Member(i, s) for i, s in enumerate(seeds)]
+        self.round_starts = round_starts  # a list: each fused step's start (time.perf_counter), for benchmarks
         self.k = len(seeds)
         self.baton = threading.Lock()
         self.cond = threading.Condition()
@@ -186,6 +188,8 @@ class FusedGroup:
         return batches
 
     def _run_step(self, batches):
+        if self.round_starts is not None:
+            self.round_starts.append(time.perf_counter())
         if self._probe is not None and self.steps in (self._probe_round, self._probe_round + 1):
             self._probe_on = self.steps == self._probe_round
             self._count(self._probe_on)

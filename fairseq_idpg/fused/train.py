@@ -73,7 +73,9 @@ def split_members(argv):
 
 
 def member_configs(shared, members):
-    """Each member's fairseq-train configuration, parsed as fairseq-train parses its command line."""
+    """Each member's fairseq-train configuration, as fairseq-train parses its command line. fairseq's conversion
+    to its config (``convert_namespace_to_omegaconf``, about a second each) runs for the first member only: the
+    others' are its copy with the fields their own flags set (``_member_config``)."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -89,11 +91,40 @@ def member_configs(shared, members):
             parser = options.get_training_parser()
             one_line(parser)
             args = options.parse_args_and_arch(parser, [*shared, *own], modify_parser=one_line)
-            cfgs.append(convert_namespace_to_omegaconf(args))
+            if not cfgs:
+                first = args
+                cfgs.append(convert_namespace_to_omegaconf(args))
+            else:
+                cfgs.append(_member_config(cfgs[0], first, args))
     finally:
         quiet.setLevel(level)
     _check_fusable(cfgs[0])
     return cfgs
+
+
+def _member_config(template, template_args, args):
+    """``template`` (the config fairseq made of ``template_args``) for ``args``, which differ in a member's own
+    flags: every field named as an argument that differs takes ``args``' value (fairseq fills each config field
+    from the argument of its name), in the dataclass sections and in those that are a copy of the argument
+    namespace (a model registered with arguments). Equal to fairseq's conversion (tests/test_fused_train.py)."""
+    import argparse
+    import copy
+
+    from omegaconf import DictConfig, open_dict
+
+    own = {k: v for k, v in vars(args).items() if getattr(template_args, k, None) != v}
+    cfg = copy.deepcopy(template)
+    with open_dict(cfg):
+        for name in list(cfg.keys()):
+            section = cfg[name]
+            if isinstance(section, argparse.Namespace):
+                for key, value in own.items():
+                    setattr(section, key, value)
+            elif isinstance(section, DictConfig):
+                for key, value in own.items():
+                    if key in section:
+                        section[key] = list(value) if isinstance(value, tuple) else value
+    return cfg
 
 
 def _check_fusable(cfg):
@@ -219,13 +250,14 @@ def _run_member(group, index, cfg, logs, outcome):
         group.leave(index)
 
 
-def train_group(shared, members, count=None):
+def train_group(shared, members, count=None, round_starts=None):
     """Train the members (``split_members``' output) together; {member index: None or its failure's line}.
-    ``count``: (round, ``launches.ThreadsCount``): count that round's launches (``FusedGroup.count_round``)."""
-    return train_configs(member_configs(shared, members), count)
+    ``count``: (round, ``launches.ThreadsCount``): count that round's launches (``FusedGroup.count_round``);
+    ``round_starts``: a list to which each fused step's start time is appended (benchmarks)."""
+    return train_configs(member_configs(shared, members), count, round_starts)
 
 
-def train_configs(cfgs, count=None):
+def train_configs(cfgs, count=None, round_starts=None):
     """Train the members (their fairseq-train configurations) together (``train_group``)."""
     from unittest import mock
 
@@ -233,7 +265,7 @@ def train_configs(cfgs, count=None):
 
     for cfg in cfgs:
         Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
-    group = FusedGroup([cfg.common.seed for cfg in cfgs])
+    group = FusedGroup([cfg.common.seed for cfg in cfgs], round_starts)
     if count is not None:
         group.count_round(*count)
     logs = _MemberLogs([Path(cfg.checkpoint.save_dir) / "train.log" for cfg in cfgs])
