@@ -12,7 +12,7 @@ from fairseq_idpg.launches import Shape, count_launches, launches_kernel, model_
 # default shape (x 64, 4 x 32), which do not depend on the width or the batch
 SHAPE = Shape(dim=32, heads=2, ffn=64, length=16)
 # ours in bf16 (docs/launches.md): a count may go down, not up
-PINNED = {"prompt-tuning-5": 897, "lora": 1389, "m-idpg-phm": 1458, "houlsby-adapter": 1529, "inducer": 2945}
+PINNED = {"prompt-tuning-5": 863, "lora": 1379, "m-idpg-phm": 1374, "houlsby-adapter": 1519, "inducer": 2935}
 
 
 def launches(build, name, dtype=torch.bfloat16):
@@ -43,14 +43,9 @@ def test_views_and_allocations_launch_nothing():
     assert all(line.startswith("tests/test_launches.py:") for line in counted.by_line), counted.by_line
 
 
-@pytest.mark.parametrize("name", ["prefix-tuning", "lora"])
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "prefix-tuning", "lora"])
 def test_launches_no_more_than_pefts(counted, name):
     assert counted("ours", name) <= counted("theirs", name)
-
-
-def test_prompt_tuning_launches_within_3_percent_of_pefts(counted):
-    """Per layer as many as PEFT's; the rest is the prompt's insertion and the prompted forward's padding."""
-    assert counted("ours", "prompt-tuning-5") <= 1.03 * counted("theirs", "prompt-tuning-5")
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))

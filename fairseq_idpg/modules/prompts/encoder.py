@@ -16,13 +16,17 @@ prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual pr
 The layer loop is the frozen encoder's (``modules/frozen_encoder.py``) with the addition in
 between; the inserted prompt lengths are the same for every example, so the addition is one
 gather over the batch (no loop over examples or tokens), from the slots' prompt rows found once
-per forward (``slot_rows``), not once per layer.
+per forward (``slot_rows``), not once per layer. At position 0 the slots are the same in every
+row (1..t): the prompt is inserted by one concatenation (``insertion.insert_after_bos``) and
+added by one pad (``add_after_bos``), and the encoder is handed the padding mask, not tokens
+(its positions are then one ``arange``: ``frozen_encoder.forward_embedding``).
 """
 
 import torch
+import torch.nn.functional as F
 
 from ..frozen_encoder import encode_layers
-from .insertion import insert_prompts, insertion_index
+from .insertion import insert_after_bos, insert_prompts, insertion_index, slots_after_bos
 
 
 def slot_rows(slots, length):
@@ -46,6 +50,14 @@ def add_at_slots(x, slots, prompt, rows=None):
     return x + gathered.masked_fill(outside.unsqueeze(-1), 0)
 
 
+def add_after_bos(x, prompt):
+    """``add_at_slots`` at position 0's slots (1..t): ``x`` [B, T, C] plus ``prompt`` ([B, t, C] or [t, C])
+    zero-padded to the rows' length (one pad forward and one slice backward, where the gather takes
+    three and four). The same sums: x + 0 outside the slots, x + P_l in them."""
+    t = prompt.size(-2)
+    return x + F.pad(prompt.to(x.dtype), (0, 0, 1, x.size(1) - 1 - t))
+
+
 def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_prompts=None, filler_idx=None):
     """Final-layer features [B, T+t, C] (batch first) and the prompt ``slots`` [B, T+t].
 
@@ -61,16 +73,26 @@ def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_pr
     pad = enc.padding_idx
     eos = enc.dictionary.eos() if hasattr(enc, "dictionary") else 2
     filler = pad + 2 if filler_idx is None else filler_idx
-    index = insertion_index(src_tokens, position, pad, eos)
-    tokens, embeddings, slots = insert_prompts(src_tokens, enc.embed_tokens(src_tokens), prompt, index, pad, filler)
+    t = prompt.size(-2)
+    if position == 0:  # the same slot in every row: concatenated, and added by one pad
+        embeddings, padding_mask = insert_after_bos(enc.embed_tokens(src_tokens), prompt, src_tokens.eq(pad))
+        slots = slots_after_bos(src_tokens.size(0), embeddings.size(1), t, src_tokens.device)
+        add = add_after_bos
+    else:
+        index = insertion_index(src_tokens, position, pad, eos)
+        tokens, embeddings, slots = insert_prompts(src_tokens, enc.embed_tokens(src_tokens), prompt, index, pad, filler)
+        padding_mask = tokens.eq(pad)
+        rows = slot_rows(slots, t) if layer_prompts is not None else None
+
+        def add(x, p):
+            return add_at_slots(x, slots, p, rows)
 
     after_layer = None
     if layer_prompts is not None:
-        rows = slot_rows(slots, prompt.size(-2))
 
         def after_layer(l, x):
             p = layer_prompts(l, x)
-            return x if p is None else add_at_slots(x, slots, p, rows)
+            return x if p is None else add(x, p)
 
-    features, _ = encode_layers(enc, tokens, embeddings, after_layer=after_layer)
+    features, _ = encode_layers(enc, None, embeddings, after_layer=after_layer, padding_mask=padding_mask)
     return features, slots

@@ -19,6 +19,10 @@ One implementation for every prompt method (prompt tuning, IDPG, DPT, residual p
   shift right by t, so the prompt takes ordinary consecutive positions; the returned token
   ids carry a non-pad filler at the prompt slots, so that fairseq's own encoder computes
   the padding mask (0 at prompt slots) and the learned positions from them unchanged.
+- ``insert_after_bos`` does position 0 (the default, the slot the same in every row) by one
+  concatenation: the same embeddings as ``insert_prompts`` and the padding mask of its tokens,
+  without computing an index (``insert_prompts``: some twenty operators forward and four backward;
+  this: one and one, and one for the mask).
 """
 
 import torch
@@ -92,3 +96,31 @@ def insert_prompts(src_tokens, token_embeddings, prompts, index, pad_idx, filler
     prompt_rows = torch.gather(prompts.to(emb.dtype), 1, prompt_idx.unsqueeze(-1).expand(-1, -1, dim))
     emb = torch.where(slots.unsqueeze(-1), prompt_rows, emb)
     return tokens, emb, slots
+
+
+def insert_after_bos(token_embeddings, prompts, padding_mask):
+    """Position 0 (right after ``<s>``): ``insert_prompts``'s embeddings, by one concatenation.
+
+    Args:
+        token_embeddings: [B, T, C] of right-padded rows that start with ``<s>``.
+        prompts: [B, t, C] or [t, C].
+        padding_mask: [B, T] (True at padding) of the same rows.
+    Returns:
+        embeddings [B, T+t, C] and their padding mask [B, T+t] (False at the prompt slots 1..t).
+    """
+    bsz = token_embeddings.size(0)
+    if prompts.dim() == 2:
+        prompts = prompts.unsqueeze(0).expand(bsz, -1, -1)
+    t = prompts.size(1)
+    first, rest = token_embeddings[:, :1], token_embeddings[:, 1:]
+    emb = torch.cat([first, prompts.to(token_embeddings.dtype), rest], dim=1)
+    # <s> is never padding, so its column stands for the t slots too
+    mask = torch.cat([padding_mask[:, :1].expand(-1, 1 + t), padding_mask[:, 1:]], dim=1)
+    return emb, mask
+
+
+def slots_after_bos(bsz, length, t, device):
+    """The prompt slots of position 0 in rows of ``length`` (prompt included): True at 1..t, [B, length]."""
+    slots = torch.zeros(1, length, dtype=torch.bool, device=device)
+    slots[:, 1 : 1 + t] = True
+    return slots.expand(bsz, -1)
