@@ -47,7 +47,7 @@ from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
 NO_KERNEL = frozenset(
     {
@@ -250,6 +250,8 @@ def _cuda_like(counter):
         options = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
         if torch._C._functorch.is_batchedtensor(query):  # under vmap (fused members): counted unfused, an overcount
             return attention(query, key, value, **options)
+        if _get_current_dispatch_mode() is None:  # inside an operator the count dispatched (folded attention):
+            return attention(query, key, value, **options)  # counted as that operator
         return _FusedAttention.apply(counter, attention, options, query, key, value)
 
     with mock.patch.object(functional, "dropout", fused_dropout):

@@ -20,8 +20,10 @@ Python loop over members or rows, and the kernel launches of a forward and backw
   same run trained alone; with dropout off, a member computes what it would alone, to float rounding).
 - The encoder masks every batch (``modules/frozen_encoder.pads_known``): vmap cannot branch on whether a batch
   has padding, and masking a batch without padding changes nothing.
-- Attention runs as its maths (``SDPBackend.MATH``: matmuls and a softmax, each batched over the members):
-  the fused attention kernels have no vmap rule on every device, and vmap would run them once per member.
+- Attention runs as one fused kernel over every member's rows (``modules/attention/folded.py``): torch's fused
+  attention kernels have no vmap rule on every device (vmap would run them once per member, or as their maths
+  with a dozen operators each way per layer); ``folded_members`` gives them one. The other attention paths
+  (the inducer's explicit scores) are ordinary operators, batched by vmap.
 - Inputs all members share and the backbone alone computes (IDPG's sentence representation M(x)) are computed
   once, outside vmap, by the model's ``fused_inputs`` (when it has one) and handed to each member's forward.
 - Fine-tuning trains the backbone itself: its runs cannot share it, and building one says so.
@@ -30,9 +32,9 @@ Python loop over members or rows, and the kernel launches of a forward and backw
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.modules.attention.folded import folded_members
 from fairseq_idpg.modules.frozen_encoder import pads_known
 
 
@@ -106,5 +108,7 @@ class StackedMembers(nn.Module):
             out = functional_call(self.model, tensors, (tokens,), {**inputs, **common})
             return out[0] if isinstance(out, tuple) else out
 
-        with pads_known(self.model.encoder.sentence_encoder), sdpa_kernel(SDPBackend.MATH):
+        # the attention's dropout masks (folded.py): a seed from torch's generator, drawn only when they are drawn
+        seed = int(torch.randint(2**31 - 1, ())) if self.model.training else 0
+        with pads_known(self.model.encoder.sentence_encoder), folded_members(seed):
             return vmap(one, randomness="different")(tensors, src_tokens, per_member)

@@ -39,6 +39,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..slots import ATTENTION_SLOTS, Slots
+from .folded import attention_function
 
 _DERIVED_MASKS = WeakTensorKeyDictionary()  # padding mask -> {what: mask derived from it} (module docstring)
 
@@ -95,7 +96,8 @@ class AugmentedSelfAttention(Slots, MultiheadAttention):
         output_blocks = self.attached("attention_output")
         if not output_blocks and not need_weights:  # nothing reads the scores: torch's fused attention
             mask = self._fused_mask(q, k, pad, attn_mask, key_padding_mask, length)
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
+            attention = attention_function(self.layer_index)  # torch's, or folded over vmapped members
+            ctx = attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
             weights, deltas = None, []
         else:
             scores, raw, probs_float, ctx = self._explicit_attention(q, k, v, pad, attn_mask, dropout_p)
