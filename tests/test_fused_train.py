@@ -99,8 +99,10 @@ def test_fused_members_end_as_they_end_alone(name, tiny, tiny_data, tmp_path):
                 torch.testing.assert_close(a["model"][key], want, rtol=1e-4, atol=5e-6, msg=f"{checkpoint} {key}")
             assert a["extra_state"]["train_iterator"] == b["extra_state"]["train_iterator"]
             assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 12
-            # a member's checkpoint holds its own tensors only, not the stacked ones its views come from
-            assert (fused / checkpoint).stat().st_size == pytest.approx((alone / checkpoint).stat().st_size, rel=0.02)
+            # a member's checkpoint holds its own tensors only, not the stacked ones its views come from (a saved
+            # view keeps its whole storage); its meters hold Python numbers where a lone run's hold tensors
+            for key, value in a["model"].items():
+                assert value.untyped_storage().nbytes() == value.numel() * value.element_size(), key
         got, want = validations(fused), validations(alone)
         assert [u for u, _, _ in got] == [u for u, _, _ in want] == ["5", "6", "10", "12"]  # each epoch end, every 6
         assert [a for _, a, _ in got] == [a for _, a, _ in want]

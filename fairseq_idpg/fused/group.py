@@ -6,7 +6,9 @@ divergence are fairseq's, as in a lone run. Only the computation of a training s
 ``task.train_step`` hands its batch to the group and waits; when every running member has handed one in, the
 last to arrive runs ``StackedMembers`` over all the batches (one forward and one backward through the frozen
 backbone), each member's criterion on its own rows, and gives each member its loss, logging output and the
-gradients of its own tensors, which its fairseq trainer then clips, normalises and steps on as usual.
+gradients of its own tensors, which its fairseq trainer then clips, normalises and steps on as usual. The
+logging outputs' scalars come to the host in one copy for all members (``_logs_on_host``): fairseq's meters
+then add Python numbers, not device tensors.
 
 - One thread runs at a time (the baton): fairseq keeps per-run state in module globals (the metrics
   aggregators, ``save_checkpoint.best``, ``should_stop_early``'s best and patience, numpy's and torch's
@@ -242,11 +244,27 @@ class FusedGroup:
         for t in self.stacked.tensors:
             t.grad = None
         total.backward()
+        _logs_on_host([log for _, _, log in results.values()])
         out = {}
         for i, (loss, sample_size, logging_output) in results.items():
             grads = [t.grad[i] if t.grad is not None else None for t in self.stacked.tensors]
             out[i] = (loss.detach(), sample_size, logging_output, grads)
         return out
+
+
+def _logs_on_host(logging_outputs):
+    """The members' logging-output scalars (device tensors: loss, correct counts, ...) as Python numbers, in one
+    copy to the host per dtype, in place. fairseq's meters then sum them on the host; on the device each value of
+    each member costs a few kernels an update (about 44 a member), and its log line reads each back anyway."""
+    found = {}
+    for log in logging_outputs:
+        for key, value in log.items():
+            if torch.is_tensor(value) and value.numel() == 1:
+                found.setdefault(value.dtype, []).append((log, key, value))
+    for items in found.values():
+        values = torch.stack([v.detach().reshape(()) for _, _, v in items]).tolist()
+        for (log, key, _), value in zip(items, values, strict=True):
+            log[key] = value
 
 
 class _FixedOutput:
