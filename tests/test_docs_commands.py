@@ -100,6 +100,11 @@ RULES = [
     ),
     (r": (CUDA_VISIBLE_DEVICES=\S+ )?scripts/sweep\.sh examples/study/", "dry-run", "the stand-in studies: CPU-days"),
     (
+        r": scripts/sweep\.sh examples/idpg/fused-standin\.yaml ",
+        "dry-run",
+        "the --fuse timing: 20 stand-in runs, fused and one by one (most of an hour on a busy 2-core CPU)",
+    ),
+    (
         r": (CUDA_VISIBLE_DEVICES=\S+ )?scripts/sweep\.sh ",
         "dry-run",
         "a paper's table on GPUs (the example READMEs state its GPU-hours)",

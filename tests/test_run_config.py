@@ -257,6 +257,7 @@ SPEC_RUN_NAMES = {
     "examples/idpg/ablation-generator.yaml": "6c72c997ea42",
     "examples/idpg/ablation-multilayer.yaml": "67e864a19d47",
     "examples/idpg/ablation-position.yaml": "05d160122f91",
+    "examples/idpg/fused-standin.yaml": "9c949dcb3e70",
     "examples/idpg/smoke.yaml": "7476e0da3ed1",
     "examples/idpg/supplementary.yaml": "13ee6e0ce334",
     "examples/idpg/table1.yaml": "e7e2ba50afe3",
