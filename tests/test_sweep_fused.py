@@ -1,12 +1,18 @@
 """``scripts/sweep.sh SPEC --fuse K``: runs that differ only in seed train together on one backbone, and their
-records, scores, learning curves, trained tensors and table are those of the same sweep run one run at a time
-(stand-in, slices of the real RTE files, dropout off, 4 updates each)."""
+records, scores, learning curves, trained tensors and table are those of the same runs trained one at a time,
+for a method of each family: prompts (prompt tuning), IDPG (M-IDPG-PHM), blocks (LoRA, prefix tuning) and BitFit
+(stand-in, a small slice of the real SST-2 files: short sentences; dropout off, 3 updates each).
+
+The fused sweep trains 10 runs in 5 groups of 2; the lone sweep trains one run of each group, the first member
+for some methods and the second for the others (ALONE): a lone run costs three interpreter starts (run.sh,
+fairseq-train, fairseq-validate), which is most of this test's time, not the 3 updates."""
 
 import json
 import os
+import shutil
 import subprocess
-import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO
@@ -16,13 +22,43 @@ SPEC = """
 name: fused
 description: runs trained together against the same runs alone, dropout off
 model: standin
-tasks: [RTE]
-methods: [prompt-tuning-5, {method: lora, args: [--lora-dropout, 0]}]
+tasks: [SST-2]
+methods:
+  - prompt-tuning-5
+  - {method: m-idpg-phm, args: [--idpg-dropout, 0]}
+  - {method: lora, args: [--lora-dropout, 0]}
+  - prefix-tuning
+  - bitfit
 lrs: recipe
 seeds: [1, 2]
-max_update: 4
-args: [--validate-interval-updates, 4, --total-batch, 8, --dropout, 0, --attention-dropout, 0]
+max_update: 3
+args: [--validate-interval-updates, 3, --total-batch, 8, --dropout, 0, --attention-dropout, 0]
 """
+# the lone sweep: the same runs, one seed of each method (both members' places in a group of 2 checked)
+ALONE = SPEC.replace("  - prompt-tuning-5\n", "  - {method: prompt-tuning-5, seeds: [1]}\n")
+ALONE = ALONE.replace("[--idpg-dropout, 0]}", "[--idpg-dropout, 0], seeds: [2]}")
+ALONE = ALONE.replace("[--lora-dropout, 0]}", "[--lora-dropout, 0], seeds: [1]}")
+ALONE = ALONE.replace("  - prefix-tuning\n", "  - {method: prefix-tuning, seeds: [2]}\n")
+ALONE = ALONE.replace("  - bitfit\n", "  - {method: bitfit, seeds: [1]}\n")
+METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora", "prefix-tuning", "bitfit")
+UPDATES = 3
+# a fused run's trained tensors against its lone run's: float rounding (the K runs' rows go through the backbone
+# as one batch, so its matmuls sum in another order)
+RTOL, ATOL = 1e-4, 5e-6
+# BitFit's key biases: their gradient is zero but for rounding (softmax ignores a shift of every score), so Adam
+# moves them by rounding noise (~1e-6, under ATOL) alone and fused alike: the one kind of tensor that need not move
+STILL = ("bitfit", "self_attn.k_proj.bias")
+
+
+@pytest.fixture(scope="module")
+def sst2_lines(shared_data, tmp_path_factory):
+    """A ``$GLUE_DIR`` of SST-2's first 48 train rows (6 batches of 8) and first 16 dev rows."""
+    root = tmp_path_factory.mktemp("sst2-lines")
+    (root / "SST-2").mkdir()
+    for name, rows in (("train.tsv", 48), ("dev.tsv", 16)):
+        lines = (shared_data / "glue" / "SST-2" / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (root / "SST-2" / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    return root
 
 
 def sweep_sh(spec, work, env, *flags):
@@ -42,16 +78,41 @@ def without_folders(config):
     return {**config, "data": {k: v for k, v in config["data"].items() if k != "folder"}}
 
 
+def initial_tensors(checkpoint):
+    """(the trained tensors as the run started: its model built as fairseq-train builds it, from the run's own
+    configuration and seed; its peak lr)."""
+    from fairseq import checkpoint_utils, tasks, utils
+
+    cfg = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["cfg"]
+    np.random.seed(cfg.common.seed)  # fairseq_cli.train.main's order: seeds, the task, then the model
+    utils.set_torch_seed(cfg.common.seed)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}, cfg.optimizer.lr[0]
+
+
+def assert_trained(name, method, trained, checkpoint):
+    """Every trained tensor moved from its start by more than the tolerance (so the fused run's equality with
+    its lone run is not that of two untrained models), and by at most what Adam moves it in UPDATES updates
+    (so the start rebuilt here is the run's: another draw of the random start would differ by more)."""
+    start, lr = initial_tensors(checkpoint)
+    assert start and start.keys() <= trained.keys(), name
+    for key, before in start.items():
+        moved = (trained[key] - before).abs().max().item()
+        assert moved <= 2 * UPDATES * lr, f"{name} {key}: moved {moved:.3g}, more than Adam can (lr {lr})"
+        if not (method == STILL[0] and key.endswith(STILL[1])):
+            assert not torch.allclose(trained[key], before, rtol=RTOL, atol=ATOL), f"{name} {key}: not trained"
+
+
 @pytest.fixture(scope="module")
-def sweeps(glue_slices, tmp_path_factory):
+def sweeps(sst2_lines, tmp_path_factory):
     root = tmp_path_factory.mktemp("fused-sweep")
-    spec = write_spec(root, SPEC)
-    env = {**os.environ, "GLUE_DIR": str(glue_slices)}
-    alone = sweep_sh(spec, root / "alone", env)
+    spec, lone = write_spec(root, SPEC), write_spec(root, ALONE, "alone.yaml")
+    env = {**os.environ, "GLUE_DIR": str(sst2_lines)}
+    alone = sweep_sh(lone, root / "alone", env)
     fused = sweep_sh(spec, root / "fused", env, "--fuse", "2")
     again = sweep_sh(spec, root / "fused", env, "--fuse", "2")
     dry = sweep_sh(spec, root / "planned", env, "--fuse", "2", "--dry-run")
-    return {"root": root, "spec": spec, "alone": alone, "fused": fused, "again": again, "dry": dry}
+    return {"root": root, "spec": spec, "lone": lone, "alone": alone, "fused": fused, "again": again, "dry": dry}
 
 
 @pytest.mark.slow
@@ -59,8 +120,11 @@ def sweeps(glue_slices, tmp_path_factory):
 def test_a_fused_sweep_records_what_the_runs_record_alone(sweeps):
     root = sweeps["root"]
     alone, fused = records(root / "alone"), records(root / "fused")
-    assert sorted(alone) == sorted(fused) and len(fused) == 4  # the same folder names: the same run hashes
-    assert "start RTE.prompt-tuning-5.lr-recipe.seed1 + 1 fused" in sweeps["fused"]
+    assert len(fused) == 2 * len(METHODS) and {r["method"] for r in fused.values()} == set(METHODS)
+    assert len(alone) == len(METHODS) and set(alone) <= set(fused)  # the same folder names: the same run hashes
+    assert {r["method"] for r in alone.values()} == set(METHODS) and {r["seed"] for r in alone.values()} == {1, 2}
+    for method in METHODS:
+        assert f"start SST-2.{method}.lr-recipe.seed1 + 1 fused" in sweeps["fused"]
     for name, want in alone.items():
         got = fused[name]
         assert got["results"] == want["results"] and got["score"] == want["score"], name
@@ -71,26 +135,36 @@ def test_a_fused_sweep_records_what_the_runs_record_alone(sweeps):
         a, b = (torch.load(saved[w], map_location="cpu", weights_only=False)["model"] for w in ("fused", "alone"))
         assert a.keys() == b.keys()
         for key, value in b.items():
-            torch.testing.assert_close(a[key], value, rtol=1e-4, atol=5e-6, msg=f"{name} {key}")
+            where = f"{name} {key}"
+            torch.testing.assert_close(a[key], value, rtol=RTOL, atol=ATOL, msg=lambda said, w=where: f"{w}: {said}")
+        assert_trained(f"{got['method']} {name}", got["method"], b, saved["alone"])
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sweep-fused")
 def test_a_fused_sweep_again_is_cached_and_its_dry_run_shows_the_groups(sweeps):
-    assert "4/4 done (4 cached)" in sweeps["again"] and "start " not in sweeps["again"]
-    assert "fused: 4 run(s) in 2 group(s) of up to 2 on one backbone each, 0 alone" in sweeps["dry"]
+    assert "10/10 done (10 cached)" in sweeps["again"] and "start " not in sweeps["again"]
+    assert "fused: 10 run(s) in 5 group(s) of up to 2 on one backbone each, 0 alone" in sweeps["dry"]
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sweep-fused")
 def test_the_fused_records_rebuild_the_same_table(sweeps, tmp_path):
+    from fairseq_idpg.results.__main__ import main as results
+
     root = sweeps["root"]
+    # the lone runs' records, and the same runs' records from the fused sweep (the other seeds left out)
+    alone = root / "alone" / "sweeps" / "fused" / "records"
+    fused = tmp_path / "records"
+    for record in alone.rglob("*.json"):
+        twin = root / "fused" / "sweeps" / "fused" / "records" / record.relative_to(alone)
+        (fused / record.relative_to(alone)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(twin, fused / record.relative_to(alone))
     tables = {}
-    for which in ("alone", "fused"):
+    for which, records_dir in (("alone", alone), ("fused", fused)):
         out = tmp_path / which
-        cmd = [sys.executable, "-m", "fairseq_idpg.results", str(root / which / "sweeps" / "fused" / "records")]
-        cmd += ["--spec", str(sweeps["spec"]), "--out-dir", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
-        assert done.returncode == 0, done.stderr[-3000:]
+        argv = [str(records_dir), "--spec", str(sweeps["lone"]), "--format", "csv", "--out-dir", str(out)]
+        assert results(argv) == 0  # as python -m fairseq_idpg.results
         tables[which] = (out / "table.csv").read_text()
     assert tables["fused"] == tables["alone"]
+    assert all(f",{method}," in tables["fused"] for method in METHODS)
