@@ -23,7 +23,8 @@ Python loop over members or rows, and the kernel launches of a forward and backw
 - Attention runs as one fused kernel over every member's rows (``modules/attention/folded.py``): torch's fused
   attention kernels have no vmap rule on every device (vmap would run them once per member, or as their maths
   with a dozen operators each way per layer); ``folded_members`` gives them one. The other attention paths
-  (the inducer's explicit scores) are ordinary operators, batched by vmap.
+  (the inducer's explicit scores; fairseq's own attention in the models that keep it) run as their maths,
+  batched by vmap.
 - Inputs all members share and the backbone alone computes (IDPG's sentence representation M(x)) are computed
   once, outside vmap, by the model's ``fused_inputs`` (when it has one) and handed to each member's forward.
 - Fine-tuning trains the backbone itself: its runs cannot share it, and building one says so.
@@ -32,6 +33,7 @@ Python loop over members or rows, and the kernel launches of a forward and backw
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.modules.attention.folded import folded_members
@@ -110,5 +112,7 @@ class StackedMembers(nn.Module):
 
         # the attention's dropout masks (folded.py): a seed from torch's generator, drawn only when they are drawn
         seed = int(torch.randint(2**31 - 1, ())) if self.model.training else 0
-        with pads_known(self.model.encoder.sentence_encoder), folded_members(seed):
+        # fairseq's own attention (the adapter, Compacter, BitFit and (IA)^3 models' frozen layers) as its maths:
+        # torch's fused kernels have no vmap rule there, and vmap would run them once per member
+        with pads_known(self.model.encoder.sentence_encoder), sdpa_kernel(SDPBackend.MATH), folded_members(seed):
             return vmap(one, randomness="different")(tensors, src_tokens, per_member)

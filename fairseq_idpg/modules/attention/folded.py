@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 _seed = None  # folded_members' seed, when inside it
 
@@ -50,6 +51,19 @@ def attention_function(layer_index: int):
 
 def _attention_call(q, k, v, attn_mask=None, dropout_p=0.0, scale=None, seed=0):
     return attention(q, k, v, attn_mask, float(dropout_p), float(scale), int(seed))
+
+
+def _any_kernel():
+    """Every SDPA backend allowed inside the operators (``StackedMembers`` restricts the vmapped model's other
+    attention calls to the maths)."""
+    return sdpa_kernel(_BACKENDS)
+
+
+_BACKENDS = [
+    getattr(SDPBackend, name)
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+    if hasattr(SDPBackend, name)
+]
 
 
 @contextlib.contextmanager
@@ -83,7 +97,7 @@ def attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float, scale: float, seed: int
 ) -> Tensor:
     """q [B, H, T, d], k and v [B, H, S, d], mask broadcastable to [B, H, T, S] -> [B, H, T, d_v]."""
-    with _seeded(seed, dropout_p, q.device):
+    with _any_kernel(), _seeded(seed, dropout_p, q.device):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
@@ -98,7 +112,7 @@ def attention_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients of ``attention`` for q, k and v: the forward recomputed with the same dropout masks."""
 
-    with _autograd_inside(), torch.enable_grad(), _seeded(seed, dropout_p, q.device):
+    with _autograd_inside(), torch.enable_grad(), _any_kernel(), _seeded(seed, dropout_p, q.device):
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         return torch.autograd.grad(out, (q, k, v), grad)
