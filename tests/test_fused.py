@@ -201,3 +201,46 @@ def test_folded_attention_replays_its_dropout_masks_in_the_backward():
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-5)
     undropped = torch.vmap(lambda w: attention(x @ w, x @ w.T, x @ (2 * w), mask, 0.0, 0.3, 7))(weights)
     assert not torch.allclose(got, undropped)  # the masks dropped something
+
+
+class _Logits:
+    """A model as sentence_prediction reads it: returns fixed logits; its targets are the sample's."""
+
+    classification_heads = {"sentence_classification_head": None}
+    args = None
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __call__(self, **kwargs):
+        return self.logits, {}
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+
+@pytest.mark.parametrize("regression", [False, True])
+def test_members_loss_equals_each_members_criterion_on_its_own_rows(regression):
+    """The fused step's one loss for every member (fused/criterion.py) is sentence_prediction's on each member's
+    own rows: losses, correct counts and the logits' gradients; a member with fewer rows has the rest masked."""
+    from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+
+    from fairseq_idpg.fused.criterion import members_loss
+
+    criterion = SentencePredictionCriterion(SentencePredictionConfig(regression_target=regression), None)
+    rows, b, classes = [4, 2, 4], 4, 1 if regression else 3
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(K, b, classes, generator=g, dtype=torch.bfloat16).requires_grad_()
+    targets = torch.rand(K, b, generator=g) if regression else torch.randint(classes, (K, b), generator=g)
+    losses, values = members_loss(criterion, logits, targets, rows)
+    (grad,) = torch.autograd.grad(losses.sum(), logits)
+    for k, n in enumerate(rows):
+        own = logits[k, :n].detach().requires_grad_()
+        loss, size, log = criterion(_Logits(own), {"target": targets[k, :n], "ntokens": 7, "net_input": {}})
+        (want,) = torch.autograd.grad(loss, own)
+        torch.testing.assert_close(losses[k], loss, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad[k, :n], want, rtol=0, atol=0)
+        assert size == n and not grad[k, n:].any()
+        if not regression:
+            assert int(values["ncorrect"][k]) == int(log["ncorrect"])
+    assert regression or values["ncorrect"].tolist() != [0] * K  # some rows right: the count is exercised

@@ -5,7 +5,8 @@ Each member runs fairseq-train's own loop (``fairseq_cli.train.main``) in a thre
 divergence are fairseq's, as in a lone run. Only the computation of a training step is shared: a member's
 ``task.train_step`` hands its batch to the group and waits; when every running member has handed one in, the
 last to arrive runs ``StackedMembers`` over all the batches (one forward and one backward through the frozen
-backbone), each member's criterion on its own rows, and gives each member its loss, logging output and the
+backbone), the members' losses on their own rows (``sentence_prediction``'s for all of them at once,
+``criterion.py``; any other criterion called per member), and gives each member its loss, logging output and the
 gradients of its own tensors, which its fairseq trainer then clips, normalises and steps on as usual. The
 logging outputs' scalars come to the host in one copy for all members (``_logs_on_host``): fairseq's meters
 then add Python numbers, not device tensors.
@@ -33,6 +34,7 @@ import time
 import numpy as np
 import torch
 
+from . import criterion as batched
 from .stacked import StackedMembers
 
 
@@ -224,7 +226,7 @@ class FusedGroup:
         filler = next(iter(waiting.values()))
         samples = [waiting.get(i, filler) for i in range(self.k)]
         template = self.members[self.template]
-        tokens, per_row, rows = _stack_batches(samples, template.model.encoder.sentence_encoder.padding_idx)
+        tokens, per_row, targets, rows = _stack_batches(samples, template.model.encoder.sentence_encoder.padding_idx)
         seed = sum(m.seed * 1_000_003 + m.update for m in self.members) % (2**31)
         self.steps += 1
         head = template.criterion.classification_head_name
@@ -232,6 +234,44 @@ class FusedGroup:
             torch.manual_seed(seed)
             template.model.train()
             logits = self.stacked(tokens, features_only=True, classification_head_name=head, **per_row)
+        if targets is not None and batched.batched_for(template.criterion, template.model):
+            results = self._members_loss(waiting, samples, logits, targets, rows)
+        else:
+            results = self._each_members_loss(waiting, logits, rows)
+        out = {}
+        for i, (loss, sample_size, logging_output) in results.items():
+            grads = [t.grad[i] if t.grad is not None else None for t in self.stacked.tensors]
+            out[i] = (loss.detach(), sample_size, logging_output, grads)
+        return out
+
+    def _loss_scales(self, indices):
+        """Each member's fp16 loss scale (fairseq's dynamic loss scaler; 1 without one), 0 for a filler slot."""
+        scales = [0.0] * self.k
+        for i in indices:
+            scaler = getattr(self.members[i].trainer.optimizer, "scaler", None)
+            scales[i] = scaler.loss_scale if scaler is not None else 1.0
+        return scales
+
+    def _members_loss(self, waiting, samples, logits, targets, rows):
+        """Every member's loss and logging output in one set of operators (``criterion.members_loss``), backward
+        run; the logging values on the host in one copy."""
+        template = self.members[self.template]
+        losses, values = batched.members_loss(template.criterion, logits, targets, rows)
+        scales = self._loss_scales(waiting)
+        weighted = losses if all(s == 1.0 for s in scales) else losses * losses.new_tensor(scales)
+        for t in self.stacked.tensors:
+            t.grad = None
+        weighted.sum().backward()
+        host = torch.stack([losses.detach(), *(v.to(losses.dtype) for v in values.values())]).tolist()
+        results = {}
+        for i in waiting:
+            own = {key: int(column[i]) for key, column in zip(values, host[1:], strict=True)}
+            log = batched.logging_output(host[0][i], samples[i], rows[i], own)
+            results[i] = (losses[i], rows[i], log)
+        return results
+
+    def _each_members_loss(self, waiting, logits, rows):
+        """Each member's criterion on its own rows (any criterion), backward run."""
         total, results = None, {}
         for i, sample in waiting.items():
             member = self.members[i]
@@ -245,11 +285,7 @@ class FusedGroup:
             t.grad = None
         total.backward()
         _logs_on_host([log for _, _, log in results.values()])
-        out = {}
-        for i, (loss, sample_size, logging_output) in results.items():
-            grads = [t.grad[i] if t.grad is not None else None for t in self.stacked.tensors]
-            out[i] = (loss.detach(), sample_size, logging_output, grads)
-        return out
+        return results
 
 
 def _logs_on_host(logging_outputs):
@@ -283,7 +319,8 @@ class _FixedOutput:
 
 def _stack_batches(samples, pad):
     """[K, B, T] tokens (each member's right-padded to the longest T, its rows repeated to the most B), the other
-    per-row net_input tensors [K, B, ...] (src_lengths, IDPG's sentence_ids), each member's own row count."""
+    per-row net_input tensors [K, B, ...] (src_lengths, IDPG's sentence_ids), the targets [K, B] (None without
+    them), each member's own row count."""
     rows = [s["net_input"]["src_tokens"].size(0) for s in samples]
     most_rows = max(rows)
     longest = max(s["net_input"]["src_tokens"].size(1) for s in samples)
@@ -299,4 +336,7 @@ def _stack_batches(samples, pad):
         tokens.append(fill_rows(t))
     keys = [k for k, v in samples[0]["net_input"].items() if torch.is_tensor(v) and k != "src_tokens"]
     per_row = {k: torch.stack([fill_rows(s["net_input"][k]) for s in samples]) for k in keys}
-    return torch.stack(tokens), per_row, rows
+    targets = None
+    if all(torch.is_tensor(s.get("target")) for s in samples):
+        targets = torch.stack([fill_rows(s["target"].view(-1)) for s in samples])
+    return torch.stack(tokens), per_row, targets, rows
