@@ -18,6 +18,11 @@ What is not counted: operators that launch no kernel, namely
 
 In-place operators (``add_``, ``Tensor(a!)``) are counted: they compute.
 
+Host tensors: a tensor that a GPU run keeps on the host (``on_host``: the optimizer's step counts, a fused
+group's gradient norms copied to the host) launches nothing, nor does any operator whose tensor arguments are
+all host tensors; what such an operator returns, and ``new_tensor`` of one, is a host tensor too. Moving one
+to the device (``.to(device)``) is counted as one launch (the copy).
+
 What the CPU runs differently from CUDA is made to follow CUDA's path (``cuda_like``):
 
 - dropout, which ATen decomposes on the CPU into bernoulli_, div_ and mul but runs on CUDA as one fused
@@ -41,6 +46,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from unittest import mock
@@ -160,6 +166,26 @@ class Launches:
         return sum(self.syncs.values())
 
 
+_HOST = {}  # id -> weak reference of the host tensors (module docstring); not a WeakSet: it compares with ==
+_HOST_MAKERS = frozenset({"new_tensor", "new_zeros", "new_ones", "new_full", "new_empty"})
+
+
+def on_host(tensor):
+    """Mark ``tensor`` as one a GPU run keeps on the host (module docstring); returns it."""
+    key = id(tensor)
+    _HOST[key] = weakref.ref(tensor, lambda _: _HOST.pop(key, None))
+    return tensor
+
+
+def _is_host(tensor):
+    ref = _HOST.get(id(tensor))
+    return ref is not None and ref() is tensor
+
+
+def _tensors(args):
+    return [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
+
+
 class _Counting(TorchDispatchMode):
     def __init__(self, launches, trace, host=()):
         super().__init__()
@@ -167,9 +193,9 @@ class _Counting(TorchDispatchMode):
         self.host = {id(t) for t in host}
 
     def _on_host(self, args):
-        """Whether every tensor argument is one a CUDA run keeps on the host (the optimizer's step counts)."""
-        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if isinstance(t, torch.Tensor)]
-        return bool(self.host) and bool(tensors) and all(id(t) in self.host for t in tensors)
+        """Whether every tensor argument is one a CUDA run keeps on the host (``on_host``, ``host``)."""
+        tensors = _tensors(args)
+        return bool(tensors) and all(id(t) in self.host or _is_host(t) for t in tensors)
 
     def count(self, name):
         self.launches.by_op[name] += 1
@@ -178,13 +204,18 @@ class _Counting(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket.__name__)
-        if name in HOST_SYNC_OPS:
+        host = self._on_host(args)
+        if name in HOST_SYNC_OPS and not host:
             self.launches.syncs[source_line(_python_frames())] += 1
-        if launches_kernel(func) and not self._on_host(args):
+        if launches_kernel(func) and not host:
             self.count(name)
         else:
             self.launches.skipped[name] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if host and any(_is_host(t) for t in _tensors(args)):  # computed from host tensors alone: a host tensor
+            for t in _tensors(out if isinstance(out, (list, tuple)) else [out]):
+                on_host(t)
+        return out
 
 
 class _HostReads(TorchFunctionMode):
@@ -198,9 +229,25 @@ class _HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in HOST_READS or (name == "to" and _to_host(args[1:], kwargs)):
+        host = bool(args) and isinstance(args[0], torch.Tensor) and _is_host(args[0])
+        if host and name == "to" and _to_device(args[1:], kwargs):
+            self.launches.by_op["_to_copy"] += 1  # a host tensor copied to the device: one launch
+            self.launches.by_line[source_line(_python_frames())] += 1
+        elif not host and (name in HOST_READS or (name == "to" and _to_host(args[1:], kwargs))):
             self.launches.syncs[source_line(_python_frames())] += 1
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if host and name in _HOST_MAKERS:
+            on_host(out)
+        return out
+
+
+def _to_device(args, kwargs):
+    """Whether ``Tensor.to``'s arguments name a device (a ``torch.device``, a device tensor) other than the CPU by
+    name: a host tensor moved there is a copy to the device in a GPU run."""
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, torch.Tensor):
+        return not _is_host(device)
+    return isinstance(device, (torch.device, str)) and not _to_host([device], {})
 
 
 def _to_host(args, kwargs):
@@ -572,3 +619,45 @@ def update_launches(name, shape, dtype=torch.bfloat16, warmup=2, trace=True, fol
         for _ in range(warmup):
             fairseq_train_update(trainer, sample)
         return count_launches(lambda: fairseq_train_update(trainer, sample), trace=trace)
+
+
+# ---------------------------------------------------------------------------------------- runs trained together
+MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
+HOST_DATA = ("fairseq/data/", "fairseq_idpg/data/")  # source lines of the data pipeline
+
+
+def without_member_flags(argv):
+    """A run's fairseq-train flags without its own ``--lr``, ``--seed`` and ``--save-dir`` (a group's shared ones)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in MEMBER_FLAGS:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def fused_update_launches(name, shape, dtype, k, folder, warmup=3):
+    """Launches per member-update of ``k`` runs of record ``name`` trained together (``fairseq_idpg/fused``), the
+    same flags and data as ``update_launches``: one round after ``warmup`` rounds (each member's update once, its
+    optimizer step and logging, and the one fused forward and backward), counted in every member's thread, divided
+    by ``k``. Not counted: the next batch's making (fairseq's datasets and collater run on the host in a GPU run;
+    the lone count reuses its batch). Counted though a GPU run keeps them on the host: the fairseq meters' sums
+    made in the warm-up rounds (an overcount of a few a member)."""
+    from fairseq_idpg.fused.train import train_group
+
+    shared = without_member_flags(train_argv(name, shape, dtype, folder))
+    shared += ["--max-update", str(warmup + 2), "--validate-interval-updates", "1000", "--disable-validation"]
+    members = [
+        ["--lr", "1e-4", "--seed", str(s), "--save-dir", os.path.join(folder, f"m{k}", str(s))] for s in range(k)
+    ]
+    count = ThreadsCount(trace=True)
+    with count.cuda_like():
+        outcome = train_group(shared, members, count=(warmup, count))
+    failed = {i: line for i, line in outcome.items() if line}
+    if failed:
+        raise RuntimeError(f"fused_update_launches: member failed: {failed}")
+    host = sum(n for line, n in count.launches.by_line.items() if line.startswith(HOST_DATA))
+    return (count.launches.total - host) / k

@@ -33,12 +33,18 @@ from pathlib import Path
 
 import torch
 
-from fairseq_idpg.launches import PRECISIONS, Shape, ThreadsCount, one_thread, train_argv, update_launches
+from fairseq_idpg.launches import (
+    PRECISIONS,
+    Shape,
+    fused_update_launches,
+    one_thread,
+    train_argv,
+    update_launches,
+    without_member_flags,
+)
 
 DEFAULT_METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-MEMBER = ("--lr", "--seed", "--save-dir")
-HOST_DATA = ("fairseq/data/", "fairseq_idpg/data/")  # source lines of the data pipeline
 
 
 def parse_args(argv):
@@ -60,36 +66,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def without_member_flags(argv):
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in MEMBER:
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
-def fused_launches(name, shape, dtype, k, folder):
-    """Launches of one round of ``k`` runs trained together (after 3 warm-up rounds), per member."""
-    from fairseq_idpg.fused.train import train_group
-
-    shared = without_member_flags(train_argv(name, shape, dtype, folder))
-    shared += ["--max-update", "5", "--validate-interval-updates", "1000", "--disable-validation"]
-    members = [["--lr", "1e-4", "--seed", str(s), "--save-dir", str(Path(folder) / f"m{k}" / str(s))] for s in range(k)]
-    count = ThreadsCount(trace=True)
-    with count.cuda_like():
-        outcome = train_group(shared, members, count=(3, count))
-    failed = {i: line for i, line in outcome.items() if line}
-    if failed:
-        raise SystemExit(f"bench_fused: member failed: {failed}")
-    # the next batch's making (fairseq's datasets and collater) runs on the host in a GPU run: no launches
-    host = sum(n for line, n in count.launches.by_line.items() if line.startswith(HOST_DATA))
-    return (count.launches.total - host) / k
-
-
 def launches(opts):
     shape = Shape(layers=opts.layers, dim=opts.dim)
     dtype = DTYPES[opts.dtype]
@@ -101,7 +77,7 @@ def launches(opts):
         with tempfile.TemporaryDirectory() as folder:
             alone = update_launches(name, shape, dtype, trace=False, folder=folder).total
             with one_thread():
-                fused = [fused_launches(name, shape, dtype, k, folder) for k in ks]
+                fused = [fused_update_launches(name, shape, dtype, k, folder) for k in ks]
         cells = " ".join(f"{f:>7.1f} ({f / alone:.2f})" for f in fused)
         print(f"{name:<18} {alone:>7,} {cells}", flush=True)
 

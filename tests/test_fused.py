@@ -244,3 +244,18 @@ def test_members_loss_equals_each_members_criterion_on_its_own_rows(regression):
         if not regression:
             assert int(values["ncorrect"][k]) == int(log["ncorrect"])
     assert regression or values["ncorrect"].tolist() != [0] * K  # some rows right: the count is exercised
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "m-idpg-phm", "lora"])
+def test_twenty_runs_together_launch_at_most_a_tenth_per_member_update(name, tmp_path):
+    """K = 20 runs trained together (a sweep's 4 lrs x 5 seeds): kernel launches per member-update at most a tenth
+    of one run's whole fairseq-train update alone (bf16, 24 layers, the data pipeline aside), as
+    ``scripts/bench_fused.py launches`` prints them."""
+    from fairseq_idpg.launches import fused_update_launches, one_thread, update_launches
+
+    shape = Shape(layers=24, dim=64)
+    alone = update_launches(name, shape, torch.bfloat16, trace=False, folder=str(tmp_path)).total
+    with one_thread():
+        together = fused_update_launches(name, shape, torch.bfloat16, 20, str(tmp_path))
+    assert together <= 0.10 * alone, f"{name}: {together:.1f} launches per member-update, alone {alone}"

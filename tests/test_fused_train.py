@@ -153,3 +153,31 @@ def test_fine_tuning_is_refused_in_one_line(tiny, tiny_data, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "its backbone trains (fine-tuning), so its runs cannot share one" in lines[0], lines
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
+def test_fused_gradient_norms_are_fairseqs(precision, tiny, tiny_data, tmp_path, monkeypatch):
+    """Under fairseq's FP16Optimizer each member's gradient norm comes from the fused step, computed for all members
+    at once (group._KnownNorm): it equals the norm fairseq computes from the member's own fp32 gradient copies, at
+    every update, and the members' norms differ (each its own)."""
+    from fairseq_idpg.fused import group
+
+    seen = []
+    known = group._KnownNorm.__call__
+
+    def recorded(self, max_norm, aggregate_norm_fn=None):
+        fairseqs = self.own(0)  # fairseq's norm of the same gradients (max_norm 0: no clipping)
+        ours = known(self, max_norm, aggregate_norm_fn)
+        seen.append((self.member.index, float(ours), float(fairseqs)))
+        return ours
+
+    monkeypatch.setattr(group._KnownNorm, "__call__", recorded)
+    data, dims = tiny_data
+    shared = shared_args("prompt-tuning-5", data, dims, tiny.model_file) + [precision]
+    shared[shared.index("--max-update") + 1] = "4"
+    members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / seed)] for lr, seed in MEMBERS[:2]]
+    assert train_group(shared, members) == {0: None, 1: None}
+    assert sorted({(i, n) for i, *_ in seen for n in [sum(j == i for j, *_ in seen)]}) == [(0, 4), (1, 4)]
+    for _, ours, fairseqs in seen:
+        assert ours == pytest.approx(fairseqs, rel=1e-5)
+    assert seen[0][1] != seen[1][1]

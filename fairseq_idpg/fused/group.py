@@ -34,6 +34,8 @@ import time
 import numpy as np
 import torch
 
+from fairseq_idpg.launches import on_host
+
 from . import criterion as batched
 from .stacked import StackedMembers
 
@@ -104,6 +106,7 @@ class Member:
         self.params = []  # its trained parameters, in the stacked tensors' order
         self.globals = _MemberGlobals()
         self.update = 0
+        self.grad_norm = None  # its gradients' norm, computed by the fused step (``_KnownNorm``)
 
 
 class FusedGroup:
@@ -262,13 +265,23 @@ class FusedGroup:
         for t in self.stacked.tensors:
             t.grad = None
         weighted.sum().backward()
-        host = torch.stack([losses.detach(), *(v.to(losses.dtype) for v in values.values())]).tolist()
+        knows_norm = {i for i in waiting if _norm_known(self.members[i])}
+        norms = [self._grad_norms()] if knows_norm else []
+        host = torch.stack([losses.detach(), *(v.to(losses.dtype) for v in values.values()), *norms]).tolist()
         results = {}
         for i in waiting:
-            own = {key: int(column[i]) for key, column in zip(values, host[1:], strict=True)}
+            self.members[i].grad_norm = host[-1][i] if i in knows_norm else None
+            own = {key: int(column[i]) for key, column in zip(values, host[1 : 1 + len(values)], strict=True)}
             log = batched.logging_output(host[0][i], samples[i], rows[i], own)
             results[i] = (losses[i], rows[i], log)
         return results
+
+    def _grad_norms(self):
+        """Each member's gradient norm [K] (fp32): the norm of its tensors' norms, as fairseq's ``clip_grad_norm_``
+        computes it from the same gradients."""
+        grads = [t.grad for t in self.stacked.tensors if t.grad is not None]
+        norms = [torch.linalg.vector_norm(g.reshape(g.size(0), -1), dim=1, dtype=torch.float32) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), dim=0)
 
     def _each_members_loss(self, waiting, logits, rows):
         """Each member's criterion on its own rows (any criterion), backward run."""
@@ -301,6 +314,37 @@ def _logs_on_host(logging_outputs):
         values = torch.stack([v.detach().reshape(()) for _, _, v in items]).tolist()
         for (log, key, _), value in zip(items, values, strict=True):
             log[key] = value
+
+
+def _norm_known(member):
+    """Whether ``member``'s gradient norm comes from the fused step (``_KnownNorm``, installed here once): under
+    fairseq's ``FP16Optimizer`` (fp16, bf16); fp32 runs compute theirs as fairseq does."""
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
+
+    optimizer = member.trainer.optimizer
+    if not isinstance(optimizer, _FP16OptimizerMixin):
+        return False
+    inner = optimizer.fp32_optimizer
+    if not isinstance(inner.__dict__.get("clip_grad_norm"), _KnownNorm):
+        inner.clip_grad_norm = _KnownNorm(member, inner.clip_grad_norm)
+    return True
+
+
+class _KnownNorm:
+    """A member's fp32 optimizer's ``clip_grad_norm`` under ``FP16Optimizer``, which asks it for the norm of the
+    gradients only (``max_norm`` 0) and then scales, clips and checks for overflow as it does: the norm the fused
+    step computed for every member at once (``FusedGroup._grad_norms``), as a host tensor. fairseq computes it per
+    member on the device (a norm per tensor, their norm) and its trainer checks and logs it there: ~20 launches a
+    member-update. Anything else (a norm not known, clipping asked here) is fairseq's own."""
+
+    def __init__(self, member, own):
+        self.member, self.own = member, own
+
+    def __call__(self, max_norm, aggregate_norm_fn=None):
+        norm, self.member.grad_norm = self.member.grad_norm, None
+        if norm is None or max_norm > 0 or aggregate_norm_fn is not None:
+            return self.own(max_norm, aggregate_norm_fn)
+        return on_host(torch.tensor(norm, dtype=torch.float32))
 
 
 class _FixedOutput:
