@@ -491,7 +491,9 @@ def tail(path, lines=20):
 class SweepProgress:
     """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change, and
     while runs train, every ``every`` seconds of silence a line per running run with its update and eta
-    (read from the run's log: run.sh's own ``| eta`` lines)."""
+    (read from the run's log: run.sh's own ``| eta`` lines; a fused group's members from their own
+    ``train.log``). Times are slot-seconds per run: a group of K runs that took T seconds in one slot counts
+    K finished runs of T / K each."""
 
     def __init__(self, name, total, cached, slots, clock=time.monotonic, every=60):
         self.name, self.total, self.cached, self.slots, self.clock = name, total, cached, slots, clock
@@ -502,7 +504,7 @@ class SweepProgress:
         self.cancelled = 0  # Slurm jobs cancelled (scancel): neither done nor failed; the next sweep runs them
         self.lock = threading.Lock()
         self.every, self.said = every, clock()
-        self.watched = {}  # run name -> (its log, when it started)
+        self.watched = {}  # run name -> Watched
 
     def line(self):
         left = self.total - self.done - self.running - self.failed - self.in_use - self.damaged - self.cancelled
@@ -519,11 +521,12 @@ class SweepProgress:
         )
 
     def _seconds_per_run(self):
-        """The mean of the finished runs' times; before any: a running run's time so far plus its eta."""
+        """The mean of the finished runs' times; before any: a running run's time so far plus its eta (for a
+        member of a fused group of K: that over K, its share of the slot)."""
         if self.durations:
             return sum(self.durations) / len(self.durations)
         now = self.clock()
-        guesses = [now - since + eta for _, since, _, eta in self._running_states() if eta is not None]
+        guesses = [(now - w.since + eta) / w.fused for w, _, eta in self._running_states() if eta is not None]
         return sum(guesses) / len(guesses) if guesses else None
 
     def update(self, started=0, finished=0, failed=0, seconds=None, note="", diverged=0, in_use=0, damaged=0,
@@ -544,19 +547,24 @@ class SweepProgress:
         self.said = self.clock()
         print(text, flush=True)
 
-    def watch(self, name, log):
+    def watch(self, name, log, fused=1, updates=None):
+        """Follow a running run in its log: the sweep's log of it (run.sh's ``| eta`` lines), or for a member of
+        a group of ``fused`` runs trained together, its own train.log and its ``updates`` (the eta is then the
+        sweep's own, from the updates it sees done)."""
         with self.lock:
-            self.watched[name] = (Path(log), self.clock())
+            self.watched[name] = Watched(name, Path(log), self.clock(), fused, updates)
 
     def unwatch(self, name):
         with self.lock:
             self.watched.pop(name, None)
 
     def _running_states(self):
-        """(name, started, its last ``update N/M`` or None, its eta in seconds or None) of each watched run."""
-        for name, (log, since) in list(self.watched.items()):
-            update, eta = run_log_progress(log)
-            yield name, since, update, eta
+        """(Watched, its last update or None, its eta in seconds or None) of each watched run."""
+        for w in list(self.watched.values()):
+            if w.updates is None:
+                yield (w, *run_log_progress(w.log))
+            else:
+                yield (w, *w.member_progress(self.clock()))
 
     def heartbeat(self):
         """After ``every`` seconds without a line: one line per running run (its update and eta), then the total."""
@@ -564,11 +572,39 @@ class SweepProgress:
             if not self.watched or self.clock() - self.said < self.every:
                 return
             now = self.clock()
-            for name, since, update, eta in self._running_states():
+            for w, update, eta in self._running_states():
                 where = f"update {update}" if update else "starting"
+                where += f" of {w.updates:,}" if update and w.updates else ""
                 left = f", eta {format_duration(eta)}" if eta is not None else ""
-                print(f"  running {name}: {where}{left} ({format_duration(now - since)} so far)", flush=True)
+                fused = f", fused with {w.fused - 1}" if w.fused > 1 else ""
+                print(f"  running {w.name}: {where}{left} ({format_duration(now - w.since)} so far{fused})", flush=True)
             self._say(self.line())
+
+
+@dataclass
+class Watched:
+    """A running run the progress line follows: its log, when it started, the size of its fused group (1: alone)
+    and, for a fused member, its updates in all and the first update the sweep saw done (when, which)."""
+
+    name: str
+    log: Path
+    since: float
+    fused: int = 1
+    updates: Optional[int] = None
+    first: Optional[tuple] = None
+
+    def member_progress(self, now):
+        """(the update, the seconds left) of a fused member from its train.log's last ``num_updates``: the
+        updates left at the pace seen since the first look, or before a second one, fairseq's ``wall`` clock
+        over its updates."""
+        update, wall = train_log_progress(self.log)
+        if update is None:
+            return None, None
+        if self.first is None or update < self.first[1]:  # (a member restarted from an earlier checkpoint)
+            self.first = (now, update)
+        at, seen = self.first
+        per_update = (now - at) / (update - seen) if update > seen else wall / update if wall and update else None
+        return update, None if per_update is None else per_update * max(0, self.updates - update)
 
 
 RUN_LOG_PROGRESS = re.compile(r'num_updates"?[=: ]+"?(\d+).*\| eta (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?')
@@ -576,18 +612,34 @@ RUN_LOG_PROGRESS = re.compile(r'num_updates"?[=: ]+"?(\d+).*\| eta (?:(\d+)h)?(?
 
 def run_log_progress(log, tail=16384):
     """(the update, the seconds left) of a run's last ``| eta`` line in its log, or (None, None)."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None, None
-    for line in reversed(lines):
+    for line in reversed(_last_lines(log, tail)):
         found = RUN_LOG_PROGRESS.search(line)
         if found:
             h, m, s = (int(x or 0) for x in found.group(2, 3, 4))
             return int(found.group(1)), h * 3600 + m * 60 + s
     return None, None
+
+
+TRAIN_LOG_PROGRESS = re.compile(r'\bnum_updates"?[=: ]+"?(\d+)(?:.*\bwall"?[=: ]+"?([\d.]+))?')
+
+
+def train_log_progress(log, tail=16384):
+    """(the update, fairseq's wall seconds or None) of the last training line of a run's train.log (fairseq's
+    own lines, as a fused member writes them), or (None, None)."""
+    for line in reversed(_last_lines(log, tail)):
+        found = TRAIN_LOG_PROGRESS.search(line)
+        if found:
+            return int(found.group(1)), float(found.group(2)) if found.group(2) else None
+    return None, None
+
+
+def _last_lines(path, tail):
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 # ---------------------------------------------------------------------------------------- local executor
@@ -669,28 +721,16 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
         progress.update(
             started=len(unit), note=f"start {run.name}" + (f" + {len(unit) - 1} fused" if len(unit) > 1 else "")
         )
-        progress.watch(run.name, Path(sweep_dir) / "logs" / f"{run.name}.log")
+        watch(progress, unit, sweep_dir)
         try:
             outcome = executor.run_one(run, argv, free)
         finally:
-            progress.unwatch(run.name)
+            for member, _ in unit:
+                progress.unwatch(member.name)
         if outcome is None:
             progress.update(started=-len(unit))
             return
-        code, seconds, log = outcome
-        for run, p in unit:
-            if p.finished:
-                failures.set(run.name, None)
-                record_finished(run, p, records, progress, f"{run.name} ({format_duration(seconds)})", seconds)
-            elif code == IN_USE_EXIT and not executor.stopping:
-                failures.set(run.name, None)
-                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
-            elif not executor.stopping:
-                entry = {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)}
-                failures.set(run.name, entry)
-                progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
-            else:
-                progress.update(started=-1)
+        unit_ended(unit, argv, outcome, executor.stopping, progress, failures, records)
 
     previous = signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: stop the runs, keep their state
     pool = ThreadPoolExecutor(len(slots))
@@ -710,6 +750,37 @@ def run_local(pending, opts, sweep_dir, progress, failures, records):
     finally:
         signal.signal(signal.SIGTERM, previous)
     pool.shutdown(wait=True)
+
+
+def unit_ended(unit, argv, outcome, stopping, progress, failures, records):
+    """Each run of a unit that ended (its process's exit code, seconds and log): recorded, in use elsewhere,
+    failed, or (the sweep stopping) no longer running."""
+    code, seconds, log = outcome
+    for run, p in unit:
+        if p.finished:
+            failures.set(run.name, None)
+            # a group of K in one slot: each member a finished run of a K-th of the slot's time
+            share = seconds / len(unit)
+            record_finished(run, p, records, progress, f"{run.name} ({format_duration(seconds)})", share)
+        elif code == IN_USE_EXIT and not stopping:
+            failures.set(run.name, None)
+            progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+        elif not stopping:
+            entry = {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)}
+            failures.set(run.name, entry)
+            progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
+        else:
+            progress.update(started=-1)
+
+
+def watch(progress, unit, sweep_dir):
+    """The progress line follows a unit's runs: a lone run in its sweep log, a fused group's members each in its
+    own train.log (the group's output says nothing of their updates)."""
+    if len(unit) == 1:
+        progress.watch(unit[0][0].name, Path(sweep_dir) / "logs" / f"{unit[0][0].name}.log")
+        return
+    for run, p in unit:
+        progress.watch(run.name, p.folder / "train.log", fused=len(unit), updates=p.config["updates"])
 
 
 def fused_units(pending, k):

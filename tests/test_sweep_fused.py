@@ -11,12 +11,15 @@ import json
 import os
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from conftest import REPO
 from test_sweep import write_spec
+
+from fairseq_idpg import sweep
 
 SPEC = """
 name: fused
@@ -168,3 +171,72 @@ def test_the_fused_records_rebuild_the_same_table(sweeps, tmp_path):
         tables[which] = (out / "table.csv").read_text()
     assert tables["fused"] == tables["alone"]
     assert all(f",{method}," in tables["fused"] for method in METHODS)
+
+
+# ---------------------------------------------------------------------------------------- progress (fast)
+def train_line(update, wall):
+    return (f'2026-01-01 00:00:00 | INFO | train_inner | {{"epoch": 1, "loss": "0.9", "num_updates": "{update}", '
+            f'"lr": "0.001", "wall": "{wall}"}}\n')  # fmt: skip
+
+
+def test_the_progress_line_shows_a_fused_groups_members_running_and_counts_each_finished(tmp_path, monkeypatch,
+                                                                                        capsys):  # fmt: skip
+    """While a group trains, each member is a running run with its update (from its own train.log) and eta; at
+    its end, each member a finished run of its share of the slot's time: the eta of the runs left counts a group
+    of 2 that took 3 minutes as 2 runs of 1m30s, not 2 of 3 minutes. The group's process is stood in for."""
+    spec = write_spec(tmp_path, "name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: recipe\nseeds: [1, 2, 3, 4]\n")
+    runs = sweep.load_spec(spec).runs
+    plans = []
+    for run in runs:
+        folder = tmp_path / "runs" / run.name
+        folder.mkdir(parents=True)
+        plans.append((run, SimpleNamespace(folder=folder, config={"updates": 300}, finished=False)))
+    now = [1000.0]
+    progress = sweep.SweepProgress("s", total=4, cached=0, slots=1, clock=lambda: now[0], every=60)
+
+    def group(self, run, argv, free):  # the group's process: its members' train.logs, then their results
+        assert argv[2] == "fairseq_idpg.run.group" and argv.count("--member") == 2
+        members = [p for _, p in plans[:2]]
+        for p, update in zip(members, (100, 90), strict=True):
+            (p.folder / "train.log").write_text(train_line(update, 50))
+        now[0] += 60
+        progress.heartbeat()  # first look: fairseq's wall clock over the updates
+        for p, update in zip(members, (160, 150), strict=True):
+            (p.folder / "train.log").write_text(train_line(100, 50) + train_line(update, 80))
+        now[0] += 60
+        progress.heartbeat()  # second look: the pace seen since the first
+        for p in members:
+            (p.folder / "results.json").write_text(json.dumps({"results": {}, "metric": "accuracy"}))
+            p.finished = True
+        now[0] += 60
+        return 0, 180.0, tmp_path / "group.log"
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(sweep.LocalExecutor, "run_one", group)
+    monkeypatch.setattr(sweep, "fused_units", lambda pending, k: [pending])  # (fusion_key needs real plans)
+    opts = SimpleNamespace(jobs=1, runs_per_gpu=1, threads=1, fuse=2, model="standin", work_dir=str(tmp_path))
+    failures = sweep.Failures(tmp_path / "failures.json")
+    capsys.readouterr()
+    sweep.run_local(plans[:2], opts, tmp_path / "sweeps" / "s", progress, failures, tmp_path / "records")
+    lines = capsys.readouterr().out.splitlines()
+    first, second = plans[0][0].name, plans[1][0].name
+    assert lines[1] == f"[sweep s] 0/4 done (0 cached), 2 running, 0 failed, 2 left, eta ?  start {first} + 1 fused"
+    assert lines[2:5] == [
+        # 100 updates in fairseq's 50 s: 200 left x 0.5 s
+        f"  running {first}: update 100 of 300, eta 1m40s (1m00s so far, fused with 1)",
+        f"  running {second}: update 90 of 300, eta 1m57s (1m00s so far, fused with 1)",  # 210 x 50 / 90
+        # a run's share of the slot: (60 s so far + 100 s or 117 s left) / 2, mean 84 s, x (2 left + 2 running / 2)
+        "[sweep s] 0/4 done (0 cached), 2 running, 0 failed, 2 left, eta 4m12s",
+    ]
+    assert lines[5:8] == [
+        # 60 updates in the 60 s since the first look: 140 left x 1 s
+        f"  running {first}: update 160 of 300, eta 2m20s (2m00s so far, fused with 1)",
+        f"  running {second}: update 150 of 300, eta 2m30s (2m00s so far, fused with 1)",
+        "[sweep s] 0/4 done (0 cached), 2 running, 0 failed, 2 left, eta 6m38s",  # (120 + 140 or 150) / 2 x 3
+    ]
+    # each member a finished run of 90 s: 2 left x 90 s over 1 slot
+    assert lines[8:10] == [
+        f"[sweep s] 1/4 done (0 cached), 1 running, 0 failed, 2 left, eta 3m45s  done {first} (3m00s)",
+        f"[sweep s] 2/4 done (0 cached), 0 running, 0 failed, 2 left, eta 3m00s  done {second} (3m00s)",
+    ]
+    assert sorted(p.name for p in (tmp_path / "records").rglob("*.json")) == [f"{first}.json", f"{second}.json"]
