@@ -239,6 +239,123 @@ def test_slot_rows_and_biases_once_per_forward_keep_logits_and_gradients(backbon
     assert any("biases" in n for n in once[1])
 
 
+def train_step(model, src, seed=5):
+    """(logits, {name: gradient}) of a training-mode forward (dropout on, seeded) and the backward of a loss."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(src, classification_head_name="head")[0]
+    (out * torch.arange(1, out.numel() + 1, dtype=out.dtype).view_as(out)).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(idpg_preset="m-idpg-phm"),  # previous-layer input, M version
+        dict(idpg_preset="m-idpg-dnn"),
+        dict(idpg_preset="m-idpg-phm", idpg_layer_input="first"),
+        dict(idpg_preset="m-idpg-dnn", idpg_sharing="S"),
+        dict(idpg_preset="m-idpg-phm", idpg_layer_bias_rank=1),
+        dict(idpg_preset="m-idpg-phm", idpg_phm_a_sets=1),
+    ],
+)
+def test_batched_generator_gradients_equal_the_generic_path(backbones, flags):
+    """M-IDPG's prompts by ``layer_steps`` (the generator's weight gradients once per backward over every layer's
+    rows, the prompts added in fewer operators) against the generic operators (each use differentiated by
+    autograd): float64 logits and every gradient within 1e-12, in eval mode and in training mode (dropout on,
+    the same seed: the same masks), with the weights scaled up so that the prompts depend visibly on their input."""
+    torch.manual_seed(4)
+    model = build_tiny(backbones[0], IDPG, **flags).double()
+    with torch.no_grad():
+        for p in model.generator.parameters():
+            p.mul_(4)
+    src = batch(PAIRS)
+    assert model._batched_generator_gradients()
+    for step in (logits_and_grads, train_step):
+        model.eval()
+        batched = step(model, src)
+        model.batched_generator_gradients = False
+        generic = step(model, src)
+        model.batched_generator_gradients = True
+        assert_same_step(batched, generic, atol=1e-12)
+        assert {n for n in batched[1] if n.startswith("generator.")} == {
+            n for n, p in model.generator.named_parameters(prefix="generator") if p.requires_grad
+        }
+    with torch.no_grad():
+        assert not torch.equal(model(src, classification_head_name="head")[0], batched[0])  # eval != training
+
+
+def test_batched_generator_gradients_only_where_they_apply(backbones):
+    """The batched path needs one generator at position 0, under plain autograd or one vmap (fused members): the
+    L version, another position, a single-layer model and ``torch.func.grad`` take the generic one."""
+    assert build_tiny(backbones[0], IDPG)._batched_generator_gradients()
+    for flags in (dict(idpg_sharing="L"), dict(prompt_position=1), dict(idpg_preset="s-idpg-phm")):
+        assert not build_tiny(backbones[0], IDPG, **flags)._batched_generator_gradients(), flags
+    model = build_tiny(backbones[0], IDPG)
+    applies = lambda x: x + model._batched_generator_gradients()  # noqa: E731
+    assert torch.func.vmap(applies)(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert torch.func.vmap(torch.func.vmap(applies))(torch.zeros(2, 2)).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    assert torch.func.grad(lambda x: applies(x).sum())(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert not torch.func.grad(lambda x: (x * model._batched_generator_gradients()).sum())(torch.ones(2)).any()
+
+
+@pytest.mark.parametrize("flags", [dict(idpg_preset="m-idpg-phm"), dict(idpg_preset="m-idpg-dnn", idpg_sharing="S")])
+def test_batched_generator_gradients_of_fused_members_equal_the_generic_path(backbones, flags):
+    """Fused members (``fairseq_idpg/fused``: the model under vmap) by ``layer_steps``' vmap rules (every member
+    as one run of the same operators) against the generic operators under vmap: float64 outputs and every
+    member's gradients within 1e-12, dropout off and on (the same seed: the same masks)."""
+    from fairseq_idpg.fused import StackedMembers
+
+    torch.manual_seed(4)
+    model = build_tiny(backbones[0], IDPG, **flags).double()
+    src = batch(PAIRS)
+    trained = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    members = [{n: v * (1 + i) + 0.1 * i * torch.randn_like(v) for n, v in trained.items()} for i in range(3)]
+
+    def fused(train):
+        model.train(train)
+        stacked = StackedMembers(model, members=members)
+        torch.manual_seed(5)
+        out = stacked(src.expand(3, -1, -1), classification_head_name="head")
+        (out * torch.arange(1, out.numel() + 1, dtype=out.dtype).view_as(out)).sum().backward()
+        return out.detach(), {n: t.grad for n, t in zip(stacked.names, stacked.tensors, strict=True)}
+
+    for train in (False, True):
+        batched = fused(train)
+        model.batched_generator_gradients = False
+        generic = fused(train)
+        model.batched_generator_gradients = True
+        assert torch.allclose(batched[0], generic[0], atol=1e-12, rtol=0)
+        for name, grad in generic[1].items():
+            assert torch.allclose(batched[1][name], grad, atol=1e-12, rtol=1e-9), name
+
+
+def test_batched_generator_gradients_sum_with_a_callers_own_addition(backbones):
+    """A caller that adds P_l itself (``GeneratedPrompts(l, x)``, generic operators on the same weights) gets
+    the generic path's gradients: those of its operators are summed with the tape's."""
+    from fairseq_idpg.modules.prompts import encoder
+
+    torch.manual_seed(4)
+    model = build_tiny(backbones[0], IDPG).double().eval()
+    src = batch(PAIRS)
+    model.batched_generator_gradients = False
+    generic = logits_and_grads(model, src)
+    model.batched_generator_gradients = True
+    features = encoder.prompted_features
+
+    def without_add_after_bos(enc, src_tokens, prompt, position=0, layer_prompts=None, **kwargs):
+        return features(enc, src_tokens, prompt, position, lambda l, x: layer_prompts(l, x), **kwargs)
+
+    from fairseq_idpg.models import prompted_roberta
+
+    prompted_roberta.prompted_features, saved = without_add_after_bos, prompted_roberta.prompted_features
+    try:
+        assert_same_step(logits_and_grads(model, src), generic, atol=1e-12)
+    finally:
+        prompted_roberta.prompted_features = saved
+
+
 @pytest.mark.parametrize("arch,flags", [("roberta_prompt", dict(prompt_preset="prompt-tuning-5")), (IDPG, {})])
 def test_prompt_models_attention_gives_fairseqs_logits_and_gradients(backbones, arch, flags):
     """The prompt models run the frozen attention as ``AugmentedSelfAttention`` (fused attention, the padding

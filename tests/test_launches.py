@@ -12,7 +12,7 @@ from fairseq_idpg.launches import Shape, count_launches, launches_kernel, model_
 # default shape (x 64, 4 x 32), which do not depend on the width or the batch
 SHAPE = Shape(dim=32, heads=2, ffn=64, length=16)
 # ours in bf16 (docs/launches.md): a count may go down, not up
-PINNED = {"finetune": 1158, "prompt-tuning-5": 863, "lora": 1379, "m-idpg-phm": 1374, "houlsby-adapter": 1519,
+PINNED = {"finetune": 1158, "prompt-tuning-5": 863, "lora": 1379, "m-idpg-phm": 1148, "houlsby-adapter": 1519,
           "inducer": 2935}  # fmt: skip
 
 
@@ -54,9 +54,10 @@ def test_launches_stay_at_most_the_pinned_count(counted, name):
     assert counted("ours", name) <= PINNED[name]
 
 
-def test_m_idpg_launches_at_most_1_65_times_prompt_tuning(counted):
-    """IDPG's generator runs after every layer; its cost over static prompts is bounded."""
-    assert counted("ours", "m-idpg-phm") <= 1.65 * counted("ours", "prompt-tuning-5")
+def test_m_idpg_launches_at_most_1_35_times_prompt_tuning(counted):
+    """IDPG's generator runs after every layer; its cost over static prompts is bounded (its weight gradients
+    once per backward, ``modules/prompts/layer_steps.py``)."""
+    assert counted("ours", "m-idpg-phm") <= 1.35 * counted("ours", "prompt-tuning-5")
 
 
 @pytest.mark.parametrize("name", ["prefix-tuning", "m-idpg-phm", "houlsby-adapter", "inducer"])

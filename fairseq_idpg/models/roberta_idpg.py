@@ -45,6 +45,7 @@ from fairseq_idpg.data.sentence_representation_cache import (
 from fairseq_idpg.errors import ConfigError, MissingFile
 from fairseq_idpg.layout import GLOVE_FILE, GPT2_BPE_DIRS
 from fairseq_idpg.models.prompted_roberta import PromptedRobertaModel
+from fairseq_idpg.modules.prompts import layer_steps
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
 from fairseq_idpg.modules.prompts.generator import KINDS, PromptGenerator
 from fairseq_idpg.modules.prompts.glove import GloveSentenceEncoder, read_glove_dim
@@ -322,6 +323,21 @@ class RobertaIdpgModel(PromptedRobertaModel):
         """M(x) of every fused member's rows at once (``fairseq_idpg/fused``): frozen, so the same for all."""
         return {"sentence_representation": self.sentence_representation(src_tokens, sentence_ids)}
 
+    # M-IDPG with one generator at position 0 under plain autograd: the generator's weight gradients once per
+    # backward over every layer's rows (``layer_steps``); False: the generic operators (the reference)
+    batched_generator_gradients = True
+
+    def _batched_generator_gradients(self):
+        """Whether ``layer_steps.GeneratedPrompts`` makes this forward's prompts: multi-layer, one generator (S, M
+        versions), position 0, plain autograd or one ``vmap`` (fused members; ``layer_steps.applies``)."""
+        return (
+            self.batched_generator_gradients
+            and len(self._plan) > 1
+            and hasattr(self, "generator")
+            and self.prompt_position == 0
+            and layer_steps.applies()
+        )
+
     def prompts(self, src_tokens, sentence_ids=None, sentence_representation=None, **net_input):
         """(P_0 [B, t, d], ``layer_prompts(l, x)`` for M-IDPG or None); ``sentence_representation``: M(x) when
         the caller has it (``fused_inputs``)."""
@@ -338,6 +354,12 @@ class RobertaIdpgModel(PromptedRobertaModel):
 
         mx = sentence_representation
         u = self._plan[0][0].prepare(self.sentence_representation(src_tokens, sentence_ids) if mx is None else mx)
+        if self._batched_generator_gradients():
+            steps = layer_steps.GeneratedPrompts(
+                self.generator, [index for _, index in self._plan], u, src_tokens.size(1) + self.num_inserted_tokens,
+                previous=self.args.idpg_layer_input == "previous",
+            )  # fmt: skip
+            return steps.first(), steps
         layer_prompts = None
         if len(self._plan) > 1:
             if self.args.idpg_layer_input == "previous":

@@ -8,6 +8,8 @@
   (DPT Eq. 5), ``RankProbePrompt`` (DPT Eq. 3), ``ResidualPrompt`` (residual prompt tuning);
 - ``generator.PromptGenerator`` and ``layer_biases.LayerBiases``: IDPG's G (IDPG Eq. 2-4);
 - ``glove`` and ``detokenize``: IDPG's light sentence encoder M(x) (IDPG Eq. 5).
+- ``layer_steps``: M-IDPG's prompts with the generator's weight gradients once per backward (the
+  layers' rows stacked), not once per layer.
 
 Importing the package imports its modules (below), so that a prompt parameterisation registers its
 ``--prompt-matrix`` choice (``soft_prompts.register_prompt_matrix``): a new file adds one import line
@@ -19,3 +21,4 @@ from . import detokenize, encoder, generator, glove, insertion, layer_biases, so
 # A new module's import line goes at the end: the split makes it an import block of its own, which ruff's
 # sorting leaves in place.
 # isort: split
+from . import layer_steps  # noqa: F401, E402

@@ -11,7 +11,9 @@ prompt method (prompt tuning, P-tuning v2, S-/M-IDPG, DPT, deep DPT, residual pr
   output ``x`` ([B, T+t, C], batch first) and returns P_l ([B, t, C] or [t, C]), which is
   **added** to the hidden states at the prompt slots: ``x[slots] += P_l`` (the multi-layer
   scheme of M-IDPG and of the P-tuning v2 baseline, IDPG sections 3.2.2 and 4.1). Nothing is added
-  after the last layer. Returning None skips a layer.
+  after the last layer. Returning None skips a layer. At position 0, a ``layer_prompts`` with an
+  ``add_after_bos(l, x)`` method adds its prompts itself: it returns x with P_l added at rows 1..t
+  (M-IDPG's ``layer_steps.GeneratedPrompts``: the generator's weight gradients once per backward).
 
 The layer loop is the frozen encoder's (``modules/frozen_encoder.py``) with the addition in
 between; the inserted prompt lengths are the same for every example, so the addition is one
@@ -88,7 +90,10 @@ def prompted_features(sentence_encoder, src_tokens, prompt, position=0, layer_pr
             return add_at_slots(x, slots, p, rows)
 
     after_layer = None
-    if layer_prompts is not None:
+    adds = getattr(layer_prompts, "add_after_bos", None) if position == 0 else None
+    if adds is not None:  # adds its prompts itself (``layer_steps.GeneratedPrompts``)
+        after_layer = adds
+    elif layer_prompts is not None:
 
         def after_layer(l, x):
             p = layer_prompts(l, x)
