@@ -16,7 +16,9 @@ names the run folder); ``RunConfig.from_config`` reads that back as the request 
 
 A new run option is one field here (``config=True`` when it changes what is trained: it is then written
 to config.json, and so hashed, when it is not at its default, so that finished runs keep their folder)
-plus the code that reads it.
+plus the code that reads it. One that changes only how the run computes (``--nproc``, ``--compile-layers``)
+is neither ``config`` nor ``fairseq``: run.sh reads it (it never reaches ``extra_args``, which are hashed) and
+writes its fairseq-train flag (``run/command.py``), so the run keeps its folder with or without it.
 """
 
 import argparse
@@ -114,6 +116,11 @@ class RunConfig:
     fp16: bool = option(False, "fp16 mixed precision (CUDA; the CPU too, slowly)", "devices")
     bf16: bool = option(False, "bf16 mixed precision (CUDA: Ampere or newer; the CPU too, slowly)", "devices",
                         excludes=("fp16", "one mixed precision at a time"), config=True)
+    compile_layers: bool = option(False, "torch.compile the frozen encoder's layers (fairseq-train --compile-layers): "
+                                  "fewer kernel launches on a GPU, a compile at the start; the same run (folder)",
+                                  "devices")
+    compile_backend: Optional[str] = option(None, "torch.compile backend of --compile-layers (default inductor)",
+                                            "devices", metavar="NAME")
     work_dir: str = option(str(REPO), "where data-bin/ and checkpoints/ go (default: the checkout)", "run")
     restart: bool = option(False, "remove this configuration's folder and train again", "run")
     dry_run: bool = option(False, "print the budget and the fairseq-train command; run nothing", "run")
@@ -204,11 +211,15 @@ class RunConfig:
             if f.metadata["excludes"] and getattr(self, f.name) and getattr(self, f.metadata["excludes"][0]):
                 other, why = f.metadata["excludes"]
                 raise RunError(f"{flag(f.name)} and {flag(other)} exclude each other ({why})")
+        if self.compile_backend is not None and not self.compile_layers:
+            raise RunError("--compile-backend chooses the backend of --compile-layers: give both")
         from fairseq_idpg.methods import METHODS
         from fairseq_idpg.preprocessing.prepare import FEW_SHOT_DEV
 
         if self.method not in METHODS:
             raise RunError(f"unknown --method {self.method!r}; valid: {', '.join(sorted(METHODS))}")
+        if self.compile_layers and not METHODS[self.method].frozen_backbone:
+            raise RunError(f"--compile-layers compiles a frozen backbone's layers; --method {self.method} trains it")
         train = TASKS[canonical_task(self.task)].sizes[0]
         if self.few_shot is not None and self.few_shot > train - FEW_SHOT_DEV:
             raise RunError(

@@ -155,6 +155,32 @@ def test_bf16_reaches_fairseq_train_and_leaves_other_runs_their_folder(shared_da
     )
 
 
+def test_compile_layers_reaches_fairseq_train_and_keeps_the_runs_folder(shared_data, standin, tmp_path, capsys):
+    """--compile-layers (--compile-backend): how the run computes, not what: in the fairseq-train command, not in
+    config.json, so the run keeps its folder (the pinned hash); a sweep's row gives it as a run.sh flag."""
+    argv, prefix, digest, *_ = GOLDEN["frozen"]
+    config, folder, command = planned([*argv, "--compile-layers", "--compile-backend", "aot_eager"], tmp_path / "w")
+    train = command[command.index("--") :]
+    assert train[train.index("--compile-layers") :][:3] == ["--compile-layers", "--compile-backend", "aot_eager"]
+    plain, plain_folder, plain_command = planned(argv, tmp_path / "w")
+    assert folder.name == plain_folder.name and config == plain and folder.name.startswith(prefix)
+    assert main_job.config_hash(normalized(config, command, tmp_path / "w", standin, folder)[0]) == digest
+    recorded = {*config, *config["method"]["settings"]}
+    assert "--compile-layers" not in plain_command and not {"compile_layers", "compile_backend"} & recorded
+    request = RunConfig("SST-2", "m-idpg-phm").with_flags(["--compile-layers"])
+    assert request.compile_layers and request.extra_args == () and RunConfig.from_argv(request.argv()) == request
+    capsys.readouterr()
+    assert main_job.main(["RTE", "--compile-backend", "inductor", "--work-dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == (
+        "run.sh: error: --compile-backend chooses the backend of --compile-layers: give both\n"
+    )
+    assert main_job.main(["RTE", "--compile-layers", "--work-dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == (
+        "run.sh: error: --compile-layers compiles a frozen backbone's layers; --method finetune trains it\n"
+    )
+    assert not (tmp_path / "x").exists()
+
+
 def test_request_round_trips_through_its_command_line():
     """argv() is the request again; a sweep's args apply run.sh flags (the last wins) and keep the rest."""
     request = RunConfig("RTE", "lora", seed=2, lr=1e-3, few_shot=16, data_seed=9).with_flags(
@@ -269,6 +295,7 @@ SPEC_RUN_NAMES = {
     "examples/study/standin-dpt-diagnosis.yaml": "3d69b5ce72eb",
     "examples/study/standin-dpt-glue.yaml": "b128524a2db7",
     "examples/study/standin-fewshot.yaml": "f82f95923eea",
+    "examples/study/standin-fused-dropout.yaml": "7198fa33e85f",
     "examples/study/standin-inducer-diagnosis.yaml": "2bf8a03f50fe",
     "examples/study/standin-inducer-nlu.yaml": "d1485f1a2062",
     "examples/study/standin-sidpg-diagnosis.yaml": "70cb2c3d16b0",

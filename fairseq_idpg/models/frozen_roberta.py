@@ -32,6 +32,12 @@ tokens unless a subclass says so.
   the kernel. fp32: the same function, the same values.
 - The encoder runs its layers through ``modules/frozen_encoder.encode_layers`` (``FrozenRobertaEncoder``), as the
   prompt models do: fairseq's computation, and a model that ``torch.func.vmap`` can run over stacked members.
+- ``--compile-layers`` (``--compile-backend NAME``, default inductor): each encoder layer's ``forward`` (with the
+  method's blocks inside it) is ``torch.compile``d when the model is built (``compile_layers``): the bound
+  method is replaced, not the module, so state-dict names stay (no ``_orig_mod.``) and a checkpoint loads with
+  or without the flag. Compiled with ``dynamic=True``: batches differ in length and size at nearly every step,
+  and one graph over symbolic B and T serves them all (a static first graph would be compiled again at the
+  second shape anyway). A runtime option: not part of a run's identity (``COMPILE_OPTIONS``).
 """
 
 import argparse
@@ -101,6 +107,18 @@ def compute_dtype_gelu(layers):
             layer.activation_fn = F.gelu
 
 
+COMPILE_OPTIONS = ("compile_layers", "compile_backend")  # how the layers run, not what they compute
+
+
+def compile_layers(layers, backend="inductor"):
+    """``torch.compile`` each of ``layers``' ``forward`` (module docstring): an instance attribute over the
+    class's method, so the modules, their names and their state dicts are untouched. Same-shaped layers share
+    one compiled graph (dynamo inlines the modules: their tensors are the graph's inputs)."""
+    for layer in layers:
+        if not hasattr(layer.forward, "_torchdynamo_orig_callable"):  # not twice (a model built again)
+            layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+
+
 def export_checkpoint(src, dst):
     """Write ``dst``: the fairseq checkpoint ``src`` to share or deploy. The trained tensors in
     their stored form (the model class's ``stored_state_dict``: prefix tuning's prefixes instead of
@@ -153,7 +171,8 @@ class FrozenBackboneRobertaModel(RobertaModel):
         run's identity records of its model (config.json's ``method.settings``; ``fairseq_idpg/run/identity.py``)."""
         args = argparse.Namespace(**options)
         cls.resolve_settings(args)
-        return {k: v for k, v in sorted(vars(args).items()) if k not in cls.RUNTIME_OPTIONS}
+        runtime = {*cls.RUNTIME_OPTIONS, *COMPILE_OPTIONS}
+        return {k: v for k, v in sorted(vars(args).items()) if k not in runtime}
 
     def __init__(self, args, encoder):
         if type(encoder) is RobertaEncoder:
@@ -178,6 +197,18 @@ class FrozenBackboneRobertaModel(RobertaModel):
             action="store_true",
             help="checkpoints hold only the trained tensors (+ a backbone fingerprint)",
         )
+        group.add_argument(
+            "--compile-layers",
+            action="store_true",
+            help="torch.compile each frozen encoder layer's forward (with the method's blocks in it), dynamic "
+            "shapes: fewer kernel launches on a GPU, at a compile at the start; the same results and checkpoints",
+        )
+        group.add_argument(
+            "--compile-backend",
+            metavar="NAME",
+            default="inductor",
+            help="torch.compile backend of --compile-layers (default inductor; aot_eager: no code generation)",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -185,6 +216,10 @@ class FrozenBackboneRobertaModel(RobertaModel):
         if getattr(args, "backbone", None):
             model.load_backbone(args.backbone)
         model.freeze_backbone()
+        if getattr(args, "compile_layers", False):
+            backend = getattr(args, "compile_backend", None) or "inductor"
+            compile_layers(model.encoder.sentence_encoder.layers, backend)
+            logger.info(f"--compile-layers: the encoder's layers are compiled by torch.compile (backend {backend})")
         logger.info(model.parameter_summary())
         return model
 

@@ -97,6 +97,8 @@ def train_command(request, method, recipe, backbone, data, budget, save):
     train += ["--max-tokens", request.max_tokens] if request.max_tokens is not None else []
     train += ["--fp16"] if request.fp16 else []
     train += ["--bf16"] if request.bf16 else []
+    train += ["--compile-layers"] if request.compile_layers else []  # how, not what: not in config.json
+    train += ["--compile-backend", request.compile_backend] if request.compile_backend else []
     launch = [sys.executable, "-m", "fairseq_idpg.launch", "--nproc", request.nproc, "--total-batch", b.batch]
     launch += ["--batch-size", b.batch_size, "--"]
     return [str(x) for x in launch + train] + extra
