@@ -11,6 +11,7 @@ Tolerance: rtol 1e-5, atol 1e-6 (fp32) for aot_eager, which runs the same operat
 within 3e-9); inductor fuses and reorders sums: rtol 1e-4, atol 1e-5.
 """
 
+import copy
 import sys
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def step(model, tokens):
 
 
 def compiled_forward(layer):
+    layer = layer.encoder.sentence_encoder.layers[-1] if hasattr(layer, "encoder") else layer
     return hasattr(layer.forward, "_torchdynamo_orig_callable")  # torch.compile's function, over the method
 
 
@@ -81,6 +83,8 @@ def test_a_compiled_step_equals_the_eager_one(tiny, method):
     assert not any(compiled_forward(layer) for layer in eager.encoder.sentence_encoder.layers)
     assert list(compiled.state_dict()) == list(eager.state_dict())
     assert not any("_orig_mod" in name for name in compiled.state_dict())
+    twin = copy.deepcopy(compiled)  # fairseq's EMA copies the model: the copy's layers run their own tensors
+    assert all(t.forward.__self__ is t for t in twin.encoder.sentence_encoder.layers) and compiled_forward(twin)
     assert_same_steps(eager, compiled, rtol=1e-5, atol=1e-6)
 
 

@@ -43,6 +43,7 @@ tokens unless a subclass says so.
 import argparse
 import itertools
 import logging
+import types
 from pathlib import Path
 
 import torch
@@ -112,11 +113,18 @@ COMPILE_OPTIONS = ("compile_layers", "compile_backend")  # how the layers run, n
 
 def compile_layers(layers, backend="inductor"):
     """``torch.compile`` each of ``layers``' ``forward`` (module docstring): an instance attribute over the
-    class's method, so the modules, their names and their state dicts are untouched. Same-shaped layers share
-    one compiled graph (dynamo inlines the modules: their tensors are the graph's inputs)."""
+    class's method, so the modules, their names and their state dicts are untouched. The class's function is
+    compiled and bound to the layer, so that a copy of the model (``copy.deepcopy``: fairseq's EMA) runs its own
+    layers. Same-shaped layers share one compiled graph (dynamo inlines the modules: their tensors are the
+    graph's inputs)."""
+    compiled = {}
     for layer in layers:
-        if not hasattr(layer.forward, "_torchdynamo_orig_callable"):  # not twice (a model built again)
-            layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+        if hasattr(layer.forward, "_torchdynamo_orig_callable"):  # not twice (a model built again)
+            continue
+        kind = type(layer)
+        if kind not in compiled:
+            compiled[kind] = torch.compile(kind.forward, backend=backend, dynamic=True)
+        layer.forward = types.MethodType(compiled[kind], layer)
 
 
 def export_checkpoint(src, dst):
