@@ -37,8 +37,9 @@ time. Each finished run's ``results.json`` is copied, with its label, to the rec
 
 Executors: ``local`` (default) runs one run per visible GPU (``CUDA_VISIBLE_DEVICES`` pinned per run;
 ``--runs-per-gpu K`` packs K runs on a device), or ``--jobs K`` CPU runs with the cores split between
-them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, at most
-``--array-parallelism`` at a time) and follows it (fairseq_idpg/sweep_slurm.py). A failed run's log tail is kept in
+them (``OMP_NUM_THREADS``); ``slurm`` submits a submitit job array (one task per run, or per group of runs
+trained together with ``--fuse K``, at most ``--array-parallelism`` at a time) and follows it
+(fairseq_idpg/sweep_slurm.py). A failed run's log tail is kept in
 ``WORK/sweeps/<name>/failures.json`` and listed at the end; the others go on.
 
 ``--dry-run`` ends with the device-hours of the runs to run, per method and in all, and the wall time at the
@@ -872,8 +873,6 @@ def parse_args(argv):
         value = getattr(opts, flag)
         if value is not None and value < 1:
             raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if opts.fuse > 1 and opts.executor == "slurm":
-        raise SweepError("--fuse trains runs together with the local executor only; give --executor local or --fuse 1")
     if opts.gpus_per_run < 0 or opts.cpus_per_run < 1:
         raise SweepError("--gpus-per-run must be >= 0 and --cpus-per-run >= 1")
     try:  # a file, or a folder this user cannot write (a dry run writes nothing: it may read one)

@@ -25,6 +25,11 @@ Where the seconds per update come from, first found wins:
 Within a source, the run's method at the run's precision, then a method of its architecture (the
 records of one ``arch``, e.g. ``roberta_blocks``), then either at another precision. A model with no measurement
 gets no hours: the row says which check to run instead of guessing.
+
+Runs trained together (``--fuse K``): a group of K runs costs their time alone divided by the speed-up measured
+for such a group (``FUSED_SPEEDUPS``: the figures of docs/benchmarks.md, by the device the per-update times were
+measured on, the method or its architecture, and the largest measured group size not above the group's); where
+none applies, no speed-up is assumed and the row says "unmeasured".
 """
 
 import csv
@@ -227,6 +232,68 @@ def run_seconds(run, p, model, found, device):
     return p.config["updates"] * per_update, source, tokens is not None, m
 
 
+# ---------------------------------------------------------------------------------------- runs trained together
+FUSED_SOURCE = 'docs/benchmarks.md, "Runs trained together on one backbone"'
+
+
+@dataclass(frozen=True)
+class FusedSpeedup:
+    """A measured speed-up of K runs trained together (``--fuse K``): their time one after another over their
+    time as one group."""
+
+    device: str  # the device it was measured on: 'cpu' (any CPU), or a GPU's model as in its name ('H100')
+    method: str
+    k: int
+    factor: float
+    what: str  # what was timed, on what
+
+    def matches(self, device):
+        return device_kind(device) == "cpu" if self.device == "cpu" else self.device.lower() in device.lower()
+
+
+_H100_STEP = "the training step only, NVIDIA H100, roberta.large's shape, bf16, batch 16 x 128"
+# every figure measured so far (FUSED_SOURCE); a device, method or group size not here: unmeasured
+FUSED_SPEEDUPS = (
+    FusedSpeedup("cpu", "prompt-tuning-5", 20, 1.15,
+                 "a whole sweep's wall time, 100 updates at batch 4 per run, stand-in, 2 shared CPU cores"),
+    FusedSpeedup("H100", "prompt-tuning-5", 4, 2.08, _H100_STEP),
+    FusedSpeedup("H100", "prompt-tuning-5", 20, 2.31, _H100_STEP),
+    FusedSpeedup("H100", "lora", 4, 1.68, _H100_STEP),
+    FusedSpeedup("H100", "lora", 20, 3.03, _H100_STEP),
+    FusedSpeedup("H100", "m-idpg-phm", 4, 1.99, _H100_STEP),
+    FusedSpeedup("H100", "m-idpg-phm", 20, 3.12, _H100_STEP),
+)  # fmt: skip
+
+
+def fused_speedup(method, k, measured_on, table=FUSED_SPEEDUPS):
+    """(speed-up, what it is) for a group of ``k`` runs of ``method`` whose per-update time was measured on
+    ``measured_on``: the figure of the method, else of its architecture, on that device at the largest measured
+    group size not above ``k``; (1.0, 'unmeasured ...') where none applies."""
+    here = [f for f in table if f.matches(measured_on) and f.k <= k]
+    for by_architecture in (False, True):
+        hits = [f for f in here if (architecture(f.method) == architecture(method) if by_architecture
+                                    else f.method == method)]  # fmt: skip
+        if hits:
+            f = max(hits, key=lambda f: f.k)
+            how = f"{f.method} (arch {architecture(method)})" if f.method != method else f.method
+            return f.factor, f"{f.factor:.2f}x ({how}, K={f.k}: {f.what})"
+    return 1.0, f"unmeasured (no speed-up assumed: none for {method} in groups of {k} or fewer on {measured_on})"
+
+
+def unit_seconds(unit, model, found, device):
+    """(seconds, [(run, its share, its source)], what the speed-up is) of a unit of work (``sweep.fused_units``:
+    one run, or a group trained together: its runs' time alone over the measured speed-up), or None when a run
+    has no measurement."""
+    shares = [run_seconds(run, p, model, found, device) for run, p in unit]
+    if any(share is None for share in shares):
+        return None
+    factor, what = 1.0, "alone"
+    if len(unit) > 1:
+        factor, what = fused_speedup(unit[0][0].method, len(unit), shares[0][3].device)
+    runs = [(run, share[0] / factor, share) for (run, _), share in zip(unit, shares, strict=True)]
+    return sum(share for _, share, _ in runs), runs, what
+
+
 # ---------------------------------------------------------------------------------------- the estimate
 @dataclass
 class Row:
@@ -278,8 +345,8 @@ def wall_time(total, longest, slots, where):
         return f"wall time: unknown (no run has a measurement) at {slots} parallel slot(s) ({where})"
     wall = max(total / slots, longest)
     return (f"wall time at {slots} parallel slot(s) ({where}): {hours(wall)} h = {span(wall)} (device-hours / "
-            f"slots, at least the longest run's {span(longest)}; assumes full packing: every slot busy until the "
-            "last run ends)")  # fmt: skip
+            f"slots, at least the longest run's {span(longest)}; assumes full packing: every slot busy "
+            "until the last run ends)")  # fmt: skip
 
 
 def measured_where(rows):

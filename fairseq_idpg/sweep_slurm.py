@@ -5,10 +5,13 @@ states until each ends.
 - **Checked first** (``preflight``, ``check_time``): ``sbatch`` on PATH, the partition, the GPUs, CPUs and
   memory its nodes have, its time limit, and ``--time`` against the longest run's estimated time (the
   dry run's estimate). Each refusal is one line naming the flag and what is valid (exit 2), before any job.
+- **Runs trained together** (``--fuse K``): a group (``sweep.fused_units``) is one array task running the group's
+  command (``python -m fairseq_idpg.run.group``), its output in its first run's log; every run of it keeps its own
+  folder and record, and is followed by the group's job.
 - **Time limits and preemption**: Slurm signals each job a while before its limit (submitit's USR2); the
   array task then stops its run (SIGTERM: the run keeps its checkpoints) and requeues itself, and the
-  requeued job resumes the run from its ``checkpoint_last.pt``. A job requeued by the cluster
-  (``scontrol requeue``, preemption) resumes the same way.
+  requeued job resumes the run from its ``checkpoint_last.pt`` (a group: each run from its own). A job requeued
+  by the cluster (``scontrol requeue``, preemption) resumes the same way.
 - **Followed by Slurm's states** (``squeue``, which also lists finished jobs for a while; ``sacct`` when the
   cluster has accounting), not by submitit's result files, which a requeued job rewrites: a job cancelled
   with ``scancel`` is reported as cancelled, a failed one (a killed task, a node failure) as failed with its
@@ -23,7 +26,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -114,19 +116,22 @@ def _minutes(limit):
     return (int(days or 0) * 86400 + seconds) // 60
 
 
-def check_time(pending, opts, model, measured, device):
-    """``--time`` under the longest pending run's estimated time (the dry run's estimate): refused in one line."""
+def check_time(units, opts, model, measured, device):
+    """``--time`` under the longest pending job's estimated time (the dry run's estimate; a group of runs trained
+    together: its runs' time alone over the measured speed-up): refused in one line."""
     from fairseq_idpg import sweep_estimate as estimate
 
     longest = {}
-    for run, p in pending:
-        share = estimate.run_seconds(run, p, model, measured, device)
-        if share and share[0] > longest.get("seconds", 0):
-            longest = {"seconds": share[0], "run": run.name, "source": share[1].split(":")[0]}
+    for unit in units:
+        timed = estimate.unit_seconds(unit, model, measured, device)
+        if timed and timed[0] > longest.get("seconds", 0):
+            name = unit[0][0].name
+            what = f"run ({name})" if len(unit) == 1 else f"group ({name} and {len(unit) - 1} fused, {timed[2]})"
+            longest = {"seconds": timed[0], "what": what, "source": timed[1][0][2][1].split(":")[0]}
     if longest and opts.time * 60 < longest["seconds"]:
         need = math.ceil(longest["seconds"] / 60)
         raise SweepError(
-            f"--time {opts.time}: the longest run ({longest['run']}) needs about {format_duration(longest['seconds'])}"
+            f"--time {opts.time}: the longest {longest['what']} needs about {format_duration(longest['seconds'])}"
             f" by the estimate ({longest['source']}; sweep.sh --dry-run shows it); valid: --time {need} or more"
         )
 
@@ -150,7 +155,7 @@ class RunTask:
         if code and code != IN_USE_EXIT:
             from fairseq_idpg.sweep import tail
 
-            raise RuntimeError(f"the run (python -m fairseq_idpg.run) exited with {code}; {log}:\n{tail(log)}")
+            raise RuntimeError(f"the run (python -m {argv[2]}) exited with {code}; {log}:\n{tail(log)}")
         return code
 
     def checkpoint(self, argv, log, cwd):
@@ -207,27 +212,41 @@ def submitted_file(sweep_dir):
     return Path(sweep_dir) / "slurm" / "submitted.json"
 
 
-def submit(pending, opts, sweep_dir):
-    """Submit ``pending`` [(run, plan)] as one job array; returns [(run, plan, job id)]."""
+def submit(pending, opts, sweep_dir, units=None):
+    """Submit ``pending`` [(run, plan)] as one job array, a task per unit of work (``units``, by default
+    ``sweep.fused_units`` at ``--fuse``: a run alone, or a group trained together); returns [(run, plan, job id)].
+    ``submitted.json`` names each run's job, a group's runs in its order (its first run's log is the group's)."""
+    from fairseq_idpg.sweep import fused_units, unit_command
+
     if not pending:
         return []
+    units = fused_units(pending, opts.fuse) if units is None else units
     ex = executor(opts, sweep_dir)
     logs = Path(sweep_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ex.batch():
-        jobs = [
-            ex.submit(RunTask(), [sys.executable, "-m", "fairseq_idpg.run", *run.argv(opts.model, opts.work_dir)],
-                      str(logs / f"{run.name}.log"), str(REPO))
-            for run, _ in pending
-        ]  # fmt: skip
+        jobs = [ex.submit(RunTask(), unit_command(unit, opts), str(logs / f"{unit[0][0].name}.log"), str(REPO))
+                for unit in units]  # fmt: skip
     path = submitted_file(sweep_dir)
     known = json.loads(path.read_text()) if path.is_file() else {}
-    known.update({run.name: job.job_id for (run, _), job in zip(pending, jobs, strict=True)})
+    ran = [(run, p, job.job_id) for unit, job in zip(units, jobs, strict=True) for run, p in unit]
+    for run, _, _ in ran:
+        known.pop(run.name, None)  # (named again in its new job's order)
+    known.update({run.name: job for run, _, job in ran})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(known, indent=1) + "\n")
     os.replace(tmp, path)
-    return [(run, p, job.job_id) for (run, p), job in zip(pending, jobs, strict=True)]
+    return ran
+
+
+def job_logs(sweep_dir):
+    """{job id: its log}: the log of the first run ``submitted.json`` names for it (a group's: its first run's)."""
+    path = submitted_file(sweep_dir)
+    logs = {}
+    for name, job in (json.loads(path.read_text()) if path.is_file() else {}).items():
+        logs.setdefault(job, Path(sweep_dir) / "logs" / f"{name}.log")
+    return logs
 
 
 def pick_up(pending, sweep_dir):
@@ -278,7 +297,10 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
     """Wait for ``jobs`` [(run, plan, job id)], reporting each as it ends (Ctrl-C stops waiting, not the jobs)."""
     from fairseq_idpg.sweep import record_finished, tail
 
-    waiting = {job: (run, p) for run, p, job in jobs}
+    waiting = {}  # job -> [(run, plan)]: a group's runs share their job
+    for run, p, job in jobs:
+        waiting.setdefault(job, []).append((run, p))
+    logs = job_logs(sweep_dir)
     unanswered = 0
     while waiting:
         try:
@@ -293,25 +315,27 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
                 ) from None
             time.sleep(poll)
             continue
-        for job, (run, p) in list(waiting.items()):
+        for job, runs in list(waiting.items()):
             state, reason = states.get(job, ("", ""))
             if state in ACTIVE:
                 continue
             del waiting[job]
-            log = Path(sweep_dir) / "logs" / f"{run.name}.log"
-            if p.finished:
-                failures.set(run.name, None)
-                record_finished(run, p, records, progress, f"{run.name} (job {job})")
-            elif state == "CANCELLED":
-                failures.set(run.name, None)
-                progress.update(cancelled=1, note=f"cancelled: {run.name} (job {job}, scancel); not run")
-            elif state == "COMPLETED" and _returned(job, sweep_dir) == IN_USE_EXIT:
-                failures.set(run.name, None)
-                progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
-            else:
-                why = f"{state or 'no longer known to Slurm'}" + (f", {reason}" if reason and reason != "None" else "")
-                failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
-                progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
+            for run, p in runs:
+                log = logs.get(job, Path(sweep_dir) / "logs" / f"{run.name}.log")
+                if p.finished:
+                    failures.set(run.name, None)
+                    record_finished(run, p, records, progress, f"{run.name} (job {job})")
+                elif state == "CANCELLED":
+                    failures.set(run.name, None)
+                    progress.update(cancelled=1, note=f"cancelled: {run.name} (job {job}, scancel); not run")
+                elif state == "COMPLETED" and _returned(job, sweep_dir) == IN_USE_EXIT:
+                    failures.set(run.name, None)
+                    progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+                else:
+                    why = state or "no longer known to Slurm"
+                    why += f", {reason}" if reason and reason != "None" else ""
+                    failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
+                    progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
         if waiting:
             time.sleep(poll)
 
@@ -331,10 +355,17 @@ def _returned(job, sweep_dir):
 def run_slurm(pending, opts, sweep_dir, progress, failures, records, measured, device):
     """The runs to run, on the cluster: the jobs of an earlier call still queued or running followed, the
     others submitted (``--time`` checked first), all followed to their end."""
+    from fairseq_idpg.sweep import fused_units
+
     alive, rest = pick_up(pending, sweep_dir)
-    check_time(rest, opts, opts.model, measured, device)
-    jobs = alive + submit(rest, opts, sweep_dir)
-    note = f"submitted {len(rest)} job(s)" + (f", following {len(alive)} submitted before" if alive else "")
+    units = fused_units(rest, opts.fuse)
+    check_time(units, opts, opts.model, measured, device)
+    jobs = alive + submit(rest, opts, sweep_dir, units)
+    fused = sum(len(unit) for unit in units if len(unit) > 1)
+    note = f"submitted {len(units)} job(s)" + (f" ({fused} runs fused in {sum(len(u) > 1 for u in units)} group(s))"
+                                               if fused else "")  # fmt: skip
+    following = len({job for _, _, job in alive})
+    note += f", following {following} submitted before" if alive else ""
     ids = sorted({job.split("_")[0] for _, _, job in jobs})
     progress.update(started=len(jobs), note=f"{note} (slurm job {', '.join(ids)})")
     follow(jobs, progress, failures, records, sweep_dir, poll=opts.poll)

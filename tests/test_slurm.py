@@ -4,7 +4,9 @@ once for this file and stopped at its end when it started it; skipped, with the 
 Bad input: one line naming the flag, exit 2, nothing submitted. End to end (slow): one sweep of 2 methods x 2
 seeds (and a third label, the same LoRA run as one of them) through sbatch, with the faults a cluster brings
 while it runs: a pending array task cancelled, a running task requeued (preemption), a task signalled as
-before its time limit, a task killed with kill -9, and the controller stopped while the sweep waits."""
+before its time limit, a task killed with kill -9, and the controller stopped while the sweep waits. And a sweep
+with --fuse 2 (two groups of two LoRA runs, each group one array task): a pending group cancelled, a running one
+requeued; the same command again submits the cancelled group, the next one follows it."""
 
 import json
 import os
@@ -187,14 +189,19 @@ def trained(folder):
     return {k: v for k, v in checkpoint["model"].items() if not k.startswith("_")}
 
 
-@pytest.mark.slow
-def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices, standin_model, tmp_path):
+def on_the_cluster(text, tmp_path, slurm, glue_slices, *flags):
+    """(the specification's file, the work folder, the sweep's command on the cluster, its environment)."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(FAULTS)
+    spec.write_text(text)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--executor", "slurm", "--work-dir", str(work)]
-    cmd += ["--gpus-per-run", "0", "--cpus-per-run", "1", "--array-parallelism", "2", "--poll", "1"]
-    env = {**os.environ, **slurm, "GLUE_DIR": str(glue_slices)}
+    cmd += ["--gpus-per-run", "0", "--cpus-per-run", "1", "--poll", "1", *flags]
+    return spec, work, cmd, {**os.environ, **slurm, "GLUE_DIR": str(glue_slices)}
+
+
+@pytest.mark.slow
+def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices, standin_model, tmp_path):
+    spec, work, cmd, env = on_the_cluster(FAULTS, tmp_path, slurm, glue_slices, "--array-parallelism", "2")
     slurm_dir = work / "sweeps" / "slurm" / "slurm"
 
     def start(name):
@@ -271,3 +278,88 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     assert done.returncode == 0, done.stderr[-2000:]
     rows = (table / "table.csv").read_text()
     assert all(label in rows for label in ("lora", "prompt-tuning-5", "lora-again"))
+
+
+# ---------------------------------------------------------------------------------------- runs trained together (slow)
+FUSED = """
+name: slurm-fused
+description: 2 groups of 2 LoRA runs trained together through sbatch; lora-again is the same runs again (the reference)
+model: standin
+tasks: [RTE]
+methods:
+  - lora
+  - {label: lora-again, method: lora, args: [--keep-interval-updates, 9]}
+lrs: recipe
+seeds: [1, 2]
+max_update: 6
+args: [--total-batch, 8, --save-interval-updates, 2, --validate-interval-updates, 6]
+"""
+AGAIN1, AGAIN2 = "RTE.lora-again.lr-recipe.seed1", "RTE.lora-again.lr-recipe.seed2"
+
+
+def group_folders(work, first):
+    """The run folders a group's log names (``FOLDER: training``, once the group started), by seed."""
+    log = Path(work) / "sweeps" / "slurm-fused" / "logs" / f"{first}.log"
+    names = re.findall(r"^(lr\S+\.seed(\d+)\.\w+): ", log.read_text(), re.M) if log.is_file() else []
+    return {int(seed): next((Path(work) / "checkpoints").rglob(name)) for name, seed in names}
+
+
+@pytest.mark.slow
+def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_slices, standin_model, tmp_path):
+    flags = ("--array-parallelism", "1", "--fuse", "2")
+    _, work, cmd, env = on_the_cluster(FUSED, tmp_path, slurm, glue_slices, *flags)
+    submitted = work / "sweeps" / "slurm-fused" / "slurm" / "submitted.json"
+
+    # 1. two groups, one array task each, one at a time: the pending group cancelled, the running one requeued once
+    # both its runs saved update 2
+    out = tmp_path / "first.out"
+    first = subprocess.Popen(cmd, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    ids = wait_for(lambda: submitted.is_file() and json.loads(submitted.read_text()))
+    assert ids[LORA1] == ids[LORA2] and ids[AGAIN1] == ids[AGAIN2] and ids[LORA1] != ids[AGAIN1], ids
+    assert "PENDING" in state(ids[AGAIN1])
+    subprocess.run(["scancel", ids[AGAIN1]], check=True)
+
+    def saved_update_2():
+        """Both runs of the running group saved update 2."""
+        folders = group_folders(work, LORA1)
+        return len(folders) == 2 and all((f / "checkpoint_1_2.pt").is_file() for f in folders.values())
+
+    wait_for(saved_update_2)
+    subprocess.run(["scontrol", "requeue", ids[LORA1]], check=True)
+    wait_for(lambda: requeued_again(ids[LORA1]))
+    assert first.wait(timeout=900) == 1, out.read_text()[-3000:]
+    said = out.read_text()
+    assert "submitted 2 job(s) (4 runs fused in 2 group(s))" in said
+    for name in (AGAIN1, AGAIN2):
+        assert f"cancelled: {name} (job {ids[AGAIN1]}, scancel); not run" in said
+    assert "[sweep slurm-fused] 2/4 done (0 cached), 0 running, 0 failed, 2 cancelled, 0 left" in said, said[-3000:]
+    log = (work / "sweeps" / "slurm-fused" / "logs" / f"{LORA1}.log").read_text()
+    assert log.count("slurm job ") == 2 and not (work / "sweeps" / "slurm-fused" / "logs" / f"{LORA2}.log").exists()
+    for folder in group_folders(work, LORA1).values():  # each run resumed from its own checkpoint
+        assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ [2-5] updates\)",
+                         (folder / "train.log").read_text()), folder  # fmt: skip
+
+    # 2. the same command submits the cancelled group again (and is stopped); 3. the next one follows it
+    out = tmp_path / "second.out"
+    second = subprocess.Popen(cmd, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    wait_for(lambda: "submitted 1 job(s) (2 runs fused in 1 group(s))" in out.read_text())
+    second.send_signal(signal.SIGTERM)
+    second.wait(timeout=60)
+    again = json.loads(submitted.read_text())
+    assert again[AGAIN1] == again[AGAIN2] != ids[AGAIN1] and again[LORA1] == ids[LORA1]
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "submitted 0 job(s), following 1 submitted before" in third.stdout, third.stdout[-3000:]
+    assert "[sweep slurm-fused] 4/4 done (2 cached)" in third.stdout
+    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert fourth.returncode == 0 and "[sweep slurm-fused] 4/4 done (4 cached)" in fourth.stdout, fourth.stdout[-2000:]
+
+    # each run of the requeued group ends with the trained tensors of the same run in the uninterrupted group
+    found = (json.loads(p.read_text()) for p in (work / "sweeps" / "slurm-fused" / "records").rglob("*.json"))
+    records = {r["run"]: r for r in found}
+    assert len(records) == 4 and all(len(r["fused_with"]) == 1 for r in records.values())
+    requeued, reference = group_folders(work, LORA1), group_folders(work, AGAIN1)
+    for seed in (1, 2):
+        a, b = trained(requeued[seed]), trained(reference[seed])
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), seed
+        assert records[requeued[seed].name]["results"] == records[reference[seed].name]["results"]
