@@ -1009,9 +1009,13 @@ def sweep(opts):
     )
     if opts.dry_run:
         _print_plan(plans, elsewhere, pending, damaged)
-        if opts.fuse > 1:
-            print(fused_line(fused_units(pending, opts.fuse)))
+        units = fused_units(pending, opts.fuse) if opts.fuse > 1 else None
+        if units is not None:
+            print(fused_line(units))
         print(estimate.report(estimate.estimate(pending, spec.model, measured, device), parallel, where))
+        if units is not None:  # the same runs trained together: each group's time over its measured speed-up
+            rows, longest = estimate.fused_estimate(units, spec.model, measured, device)
+            print(estimate.fused_report(rows, longest, opts.fuse, parallel, where))
         warn_missing(missing + [m for _, p in plans for m in p.missing], "sweep")
         return 0
 

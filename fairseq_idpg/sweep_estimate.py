@@ -294,6 +294,59 @@ def unit_seconds(unit, model, found, device):
     return sum(share for _, share, _ in runs), runs, what
 
 
+@dataclass
+class FusedRow:
+    """One label's runs to run with --fuse: their groups and the speed-ups used."""
+
+    label: str
+    runs: int = 0
+    groups: int = 0  # groups of two or more runs (the others train alone)
+    alone: int = 0
+    seconds: Optional[float] = 0.0  # None: no measurement
+    speedups: dict = None  # what the speed-up is -> groups it was used for
+
+
+def fused_estimate(units, model, found, device):
+    """(rows per label, the longest unit's seconds) over ``units`` (``sweep.fused_units``): each run its time alone
+    over its group's speed-up."""
+    rows, longest = {}, 0.0
+    for unit in units:
+        timed = unit_seconds(unit, model, found, device)
+        longest = max(longest, timed[0] if timed else 0.0)
+        for i, (run, _) in enumerate(unit):
+            row = rows.setdefault(run.label, FusedRow(run.label, speedups={}))
+            row.runs += 1
+            if timed is None:
+                row.seconds = None
+            elif row.seconds is not None:
+                row.seconds += timed[1][i][1]
+            row.alone += len(unit) == 1
+            if len(unit) > 1 and (i == 0 or unit[i - 1][0].label != run.label):
+                row.groups += 1
+                what = timed[2] if timed else "no measurement"
+                row.speedups[what] = row.speedups.get(what, 0) + 1
+    return list(rows.values()), longest
+
+
+def fused_report(rows, longest, k, slots, where):
+    """The estimate with --fuse: per label its runs, groups, device-hours and the speed-ups used; the total; the
+    wall time."""
+    lines = [f"estimate with --fuse {k} (a group's time: its runs' time alone / the speed-up measured for such a "
+             f"group, {FUSED_SOURCE}; unmeasured: none assumed):",
+             f"  {'method':24} {'runs':>6} {'groups':>6} {'device-hours':>13}  speed-up"]  # fmt: skip
+    for r in rows:
+        shown = hours(r.seconds) if r.seconds is not None else "-"
+        used = [f"{what} for {n} group(s)" for what, n in r.speedups.items()]
+        used = "; ".join(used + ([f"{r.alone} run(s) alone"] if r.alone else []))
+        lines.append(f"  {r.label:24} {r.runs:>6,} {r.groups:>6,} {shown:>13}  {used}")
+    measured = [r for r in rows if r.seconds is not None]
+    total = sum(r.seconds for r in measured)
+    shown = hours(total) if measured else "-"
+    lines.append(f"  {'total':24} {sum(r.runs for r in rows):>6,} {sum(r.groups for r in rows):>6,} {shown:>13}")
+    lines.append(wall_time(total, longest, slots, where, longest_what="run or group"))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------- the estimate
 @dataclass
 class Row:
@@ -339,13 +392,13 @@ def span(seconds):
     return format_duration(seconds) if seconds < 2 * 86400 else f"{seconds / 86400:,.1f} days"
 
 
-def wall_time(total, longest, slots, where):
+def wall_time(total, longest, slots, where, longest_what="run"):
     """Device-hours over the parallel slots, and never less than the longest run (full packing assumed)."""
     if not total:
         return f"wall time: unknown (no run has a measurement) at {slots} parallel slot(s) ({where})"
     wall = max(total / slots, longest)
     return (f"wall time at {slots} parallel slot(s) ({where}): {hours(wall)} h = {span(wall)} (device-hours / "
-            f"slots, at least the longest run's {span(longest)}; assumes full packing: every slot busy "
+            f"slots, at least the longest {longest_what}'s {span(longest)}; assumes full packing: every slot busy "
             "until the last run ends)")  # fmt: skip
 
 

@@ -91,6 +91,62 @@ def test_two_methods_give_exact_device_hours_and_wall_time(tmp_path, capsys):
     assert "linearly with an update's tokens" in out and "6 runs' data is not prepared" in out
 
 
+def fused_row(out, label):
+    """The row of ``label`` in the estimate with --fuse."""
+    return next(line for line in out.split("\nestimate with --fuse")[1].splitlines() if line.startswith(f"  {label} "))
+
+
+def test_the_estimate_with_fuse_divides_each_group_by_its_measured_speed_up(tmp_path, capsys):
+    """4 seeds of two methods with --fuse 4: a group each, its runs' time alone over the figure measured on the
+    device of the per-update times, for the method at the largest measured group size not above the group's;
+    on a device without a figure, unmeasured: no speed-up."""
+    spec = TWO_METHODS.replace("seeds: [1, 2, 3]", "seeds: [1, 2, 3, 4]")
+    h100 = write_timings(tmp_path / "h100.json", [entry("m-idpg-phm", 0.9), entry("lora", 0.6)],
+                         device="NVIDIA H100 80GB HBM3")  # fmt: skip
+    out = dry_run(tmp_path, capsys, spec, "--timings", str(h100), "--executor", "slurm", "--fuse", "4")
+    assert "fused: 8 run(s) in 2 group(s) of up to 4 on one backbone each, 0 alone" in out
+    assert re.search(r"total\s+8\s+8,000\s+1\.67$", out, re.M)  # alone: 4 x 1,000 x (0.9 + 0.6) s
+    assert (
+        "estimate with --fuse 4 (a group's time: its runs' time alone / the speed-up measured for such a group, "
+        'docs/benchmarks.md, "Runs trained together on one backbone"; unmeasured: none assumed):' in out
+    )
+    step = "the training step only, NVIDIA H100, roberta.large's shape, bf16, batch 16 x 128"
+    # 1.00 h / 1.99 and 0.67 h / 1.68
+    assert (
+        fused_row(out, "m-idpg-phm")
+        == f"  m-idpg-phm                    4      1          0.50  1.99x (m-idpg-phm, K=4: {step}) for 1 group(s)"
+    )
+    assert (
+        fused_row(out, "lora")
+        == f"  lora                          4      1          0.40  1.68x (lora, K=4: {step}) for 1 group(s)"
+    )
+    assert re.search(r"^  total\s+8\s+2\s+0\.90$", out, re.M)
+    assert "1 GPU(s) per run): 0.50 h = 30m09s (device-hours / slots, at least the longest run or group's 30m09s" in out
+
+    cpu = write_timings(tmp_path / "cpu.json", [entry("m-idpg-phm", 0.9), entry("lora", 0.6)])
+    out = dry_run(tmp_path, capsys, spec, "--timings", str(cpu), "--fuse", "3")  # 4 seeds: a group of 3, 1 alone
+    unmeasured = "unmeasured (no speed-up assumed: none for lora in groups of 3 or fewer on cpu (fixture))"
+    assert (
+        fused_row(out, "lora")
+        == f"  lora                          4      1          0.67  {unmeasured} for 1 group(s); 1 run(s) alone"
+    )
+
+
+def test_the_fused_speed_up_is_the_largest_measured_group_not_above_the_groups_size():
+    lora = estimate.fused_speedup("lora", 19, "NVIDIA H100 80GB HBM3")
+    assert lora[0] == 1.68 and lora[1].startswith("1.68x (lora, K=4: ")
+    assert estimate.fused_speedup("lora", 20, "NVIDIA H100 80GB HBM3")[0] == 3.03
+    assert estimate.fused_speedup("lora", 3, "NVIDIA H100 80GB HBM3") == (
+        1.0,
+        "unmeasured (no speed-up assumed: none for lora in groups of 3 or fewer on NVIDIA H100 80GB HBM3)",
+    )
+    assert estimate.fused_speedup("lora", 20, "NVIDIA H200")[0] == 1.0  # measured on an H100 only
+    # on any CPU: the whole sweep's figure, for prompt tuning's architecture
+    long_prompt = estimate.fused_speedup("prompt-tuning-134", 20, "cpu (2 cores, shared)")
+    assert long_prompt[0] == 1.15 and long_prompt[1].startswith("1.15x (prompt-tuning-5 (arch roberta_prompt), K=20: ")
+    assert estimate.fused_speedup("prompt-tuning-5", 19, "cpu")[0] == 1.0
+
+
 def test_wall_time_is_never_less_than_the_longest_run(tmp_path, capsys):
     timings = write_timings(tmp_path / "t.json", [entry("m-idpg-phm", 0.9), entry("lora", 0.6)])
     out = dry_run(tmp_path, capsys, TWO_METHODS, "--timings", str(timings), "--executor", "slurm")
