@@ -45,7 +45,11 @@ _DERIVED_MASKS = WeakTensorKeyDictionary()  # padding mask -> {what: mask derive
 
 
 def derived_mask(padding_mask, what, build):
-    """``build()``, the mask ``what`` derived from ``padding_mask``, built once while ``padding_mask`` lives."""
+    """``build()``, the mask ``what`` derived from ``padding_mask``, built once while ``padding_mask`` lives
+    (built every time in a compiled layer, ``--compile-layers``: the compiler cannot trace the weak-keyed cache,
+    and would split the layer's graph there)."""
+    if torch.compiler.is_compiling():
+        return build()
     masks = _DERIVED_MASKS.setdefault(padding_mask, {})
     if what not in masks:
         masks[what] = build()
