@@ -1,0 +1,48 @@
+"""Two record sets of the same runs compared run by run (fairseq_idpg/results/paired.py): pairs by cell, lr and
+seed; the paired difference, its t-test and the verdict against the seeds' spread; runs on one side only."""
+
+import pytest
+from records_support import write_record
+
+from fairseq_idpg.results.paired import main, paired
+from fairseq_idpg.results.records import read_records
+
+A = {1: 70.0, 2: 72.0, 3: 74.0}
+
+
+def sets(tmp_path, b_scores, extra_b_seed=None):
+    for seed, score in A.items():
+        write_record(tmp_path / "a", seed=seed, few_shot=1000, data_seed=1, dev=80.0, test=score)
+    for seed, score in b_scores.items():
+        write_record(tmp_path / "b", seed=seed, few_shot=1000, data_seed=1, dev=80.0, test=score)
+    if extra_b_seed:
+        write_record(tmp_path / "b", seed=extra_b_seed, few_shot=1000, data_seed=1, dev=80.0, test=50.0)
+    return read_records([tmp_path / "a"]), read_records([tmp_path / "b"])
+
+
+def test_a_shift_within_the_seeds_spread_agrees(tmp_path):
+    table, lonely = paired(*sets(tmp_path, {1: 71.0, 2: 72.0, 3: 76.0}, extra_b_seed=9))
+    (row,) = table.to_dict("records")
+    assert (row["n"], row["mean_a"], row["mean_b"]) == (3, 72.0, pytest.approx(73.0))
+    assert row["difference"] == pytest.approx(1.0) and row["std_a"] == pytest.approx(2.0)
+    assert row["verdict"] == "agree" and 0.05 < row["p"] < 1
+    assert lonely["seed"].tolist() == [9]  # seed 9 only in b: left out of the pairs
+
+
+def test_a_shift_beyond_the_seeds_spread_differs(tmp_path, capsys):
+    table, _ = paired(*sets(tmp_path, {1: 75.0, 2: 77.5, 3: 79.0}))
+    (row,) = table.to_dict("records")
+    assert row["difference"] == pytest.approx(5.1666, abs=1e-3) and row["verdict"] == "differ" and row["p"] < 0.01
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--names", "alone", "fused"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| alone | fused | fused - alone (paired) |" in out
+        and "| 72.0 ± 2.0 | 77.2 ± 2.0 | +5.2 ± 0.3 | 0.00 | differ |" in out
+    )
+
+
+def test_no_pairs_is_an_error_in_one_line(tmp_path, capsys):
+    write_record(tmp_path / "a", seed=1, dev=80.0)
+    write_record(tmp_path / "b", seed=2, dev=80.0)
+    assert main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
