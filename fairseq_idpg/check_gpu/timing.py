@@ -237,3 +237,82 @@ def device_name(device) -> Optional[str]:
         n = torch.cuda.device_count()
         return f"{torch.cuda.get_device_name(device)}" + (f" x {n}" if n > 1 else "")
     return None
+
+
+def trainer_step_times(model, batch, labels, precision, record, steps=10, warmup=3, repeats=3, output_dir=None):
+    """(device seconds, wall seconds, the precision the Trainer ran) per ``transformers.Trainer`` update of
+    ``model`` (a PEFT model of ``peft_model``) on the fixed ``batch`` / ``labels``, trained as Hugging Face
+    users train it: ``trainer.train()`` with ``max_steps`` = warm-up + ``repeats`` x ``steps``, AdamW
+    (``adamw_torch``), record ``record``'s recipe lr, weight decay, clipping (``max_grad_norm``; 0: none) and
+    schedule (polynomial decay -> ``linear``, fixed -> ``constant``, its warm-up ratio), fp16 / bf16 as
+    ``TrainingArguments`` mixed precision (autocast over fp32 weights, fp16 with its grad scaler), a log line
+    every step (``logging_steps=1``: the loss read back, as fairseq logs every update).
+
+    One update is timed by a ``TrainerCallback`` from ``on_step_begin`` (before ``training_step``) to the
+    ``on_log`` that follows its ``on_step_end`` (after clipping, the optimizer and scheduler steps,
+    ``zero_grad`` and the log): all the Trainer does per update but fetching the next batch (an
+    ``IterableDataset`` repeating the rows of ``batch``, so every update gets exactly that batch; data loading
+    aside). Synchronised on CUDA; on the CPU the process's CPU time. The fastest mean of ``repeats`` windows of
+    ``steps`` updates after ``warmup`` updates. A precision the Trainer refuses on this device (fp16 on the
+    CPU) runs in fp32, and the third value says so."""
+    import contextlib
+    import tempfile
+
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    recipe = METHODS[record].recipe
+    cuda = batch.is_cuda
+    rows = [
+        {"input_ids": batch[i].cpu(), "attention_mask": torch.ones_like(batch[i]).cpu(), "labels": labels[i].cpu()}
+        for i in range(batch.shape[0])
+    ]
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield from rows
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.begun, self.times = None, []
+
+        def _now(self):
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter(), time.process_time()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begun = self._now()
+
+        def on_log(self, args, state, control, **kwargs):
+            if self.begun is not None:  # not the summary logged after the last update
+                wall, cpu = self._now()
+                self.times.append((wall - self.begun[0], cpu - self.begun[1]))
+                self.begun = None
+
+    def arguments(folder, ran):
+        return TrainingArguments(
+            output_dir=folder, max_steps=warmup + repeats * steps, per_device_train_batch_size=batch.shape[0],
+            learning_rate=recipe.lr, weight_decay=recipe.weight_decay, max_grad_norm=recipe.clip_norm,
+            optim="adamw_torch", warmup_ratio=recipe.warmup,
+            lr_scheduler_type="constant" if recipe.scheduler == "fixed" else "linear",
+            fp16=ran == "fp16", bf16=ran == "bf16", use_cpu=not cuda, logging_steps=1, logging_strategy="steps",
+            save_strategy="no", report_to="none", disable_tqdm=True, dataloader_pin_memory=False,
+            dataloader_num_workers=0, seed=0,
+        )  # fmt: skip
+
+    with tempfile.TemporaryDirectory() if output_dir is None else contextlib.nullcontext(output_dir) as folder:
+        ran = precision
+        try:
+            args = arguments(folder, ran)
+        except ValueError:  # the Trainer refuses this precision on this device
+            ran = "fp32"
+            args = arguments(folder, ran)
+        clock = Clock()
+        trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[clock])
+        trainer.train()
+    timed = clock.times[warmup:]
+    windows = [timed[i * steps : (i + 1) * steps] for i in range(repeats)]
+    best = min(windows, key=lambda w: sum(c if not cuda else s for s, c in w))
+    wall = sum(s for s, _ in best) / len(best)
+    return (wall if cuda else sum(c for _, c in best) / len(best)), wall, ran
