@@ -296,12 +296,19 @@ def perturb(model, seed, std=0.05):
 
 
 def run_ours(model, tokens, labels):
+    """Our prompts, logits, loss and gradients. The prompts are read where the generator makes them, layer by layer
+    (``batched_generator_gradients`` off: M-IDPG's batched path makes them inside one operator, and equals this one
+    to float rounding, tests/test_idpg_model.py); the logits and gradients come from the path training takes."""
     prompts = []
     hook = model.generator.register_forward_hook(lambda m, i, o: prompts.append(o.detach().clone()))
+    model.batched_generator_gradients = False
     try:
-        logits = model(tokens, classification_head_name=HEAD)[0]
+        with torch.no_grad():
+            model(tokens, classification_head_name=HEAD)
     finally:
         hook.remove()
+        del model.batched_generator_gradients  # the class's setting again
+    logits = model(tokens, classification_head_name=HEAD)[0]
     loss = F.cross_entropy(logits.float(), labels, reduction="sum")  # fairseq's sentence_prediction
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

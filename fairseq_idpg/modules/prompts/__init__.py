@@ -16,9 +16,8 @@ Importing the package imports its modules (below), so that a prompt parameterisa
 at the end of this one.
 """
 
-from . import detokenize, encoder, generator, glove, insertion, layer_biases, soft_prompts  # noqa: F401
+from . import detokenize, encoder, generator, glove, insertion, layer_biases, layer_steps, soft_prompts  # noqa: F401
 
 # A new module's import line goes at the end: the split makes it an import block of its own, which ruff's
 # sorting leaves in place.
 # isort: split
-from . import layer_steps  # noqa: F401, E402
