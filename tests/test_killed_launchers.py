@@ -66,17 +66,18 @@ def test_a_trainer_that_outlives_its_killed_launcher_keeps_the_run_folder_locked
     assert lock_is_free(folder)
 
 
-def kill_after_first_checkpoint(proc, folder_glob, work):
-    """Wait for the checkpoint at update 60, kill -9 ``proc`` alone (not its group), and check that
-    every process under it is gone within 10 s. Returns their pids."""
+def kill_after_first_checkpoint(proc, folder_glob, work, update=60, runs=1):
+    """Wait for the checkpoint at ``update`` of ``runs`` runs, kill -9 ``proc`` alone (not its group), and
+    check that every process under it is gone within 10 s. Returns their pids."""
     deadline, family = time.time() + 600, []
+    saved = re.compile(rf"Saved checkpoint \S+ \(epoch \d+ @ {update} updates")
     while proc.poll() is None and time.time() < deadline:
         logs = list(work.glob(folder_glob + "/train.log"))
-        if logs and re.search(r"Saved checkpoint \S+ \(epoch \d+ @ 60 updates", logs[0].read_text()):
+        if sum(bool(saved.search(log.read_text())) for log in logs) >= runs:
             family = descendants(proc.pid)
             break
         time.sleep(0.2)
-    assert family, f"no checkpoint at update 60 (exit {proc.poll()})"
+    assert family, f"no checkpoint at update {update} (exit {proc.poll()})"
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -105,13 +106,13 @@ def assert_resumed_as_named(rerun_out, train_log):
     assert len(re.findall(r"^\+ \S*fairseq-train ", rerun_out, re.M)) == 1
 
 
-def assert_same_run(folder, reference):
+def assert_same_run(folder, reference, updates=120, points=(60, 120)):
     """The resumed run's record and trained tensors equal the uninterrupted run's, curve point for point."""
     ours, theirs = (json.loads((f / "results.json").read_text()) for f in (folder, reference))
     assert ours["results"] == theirs["results"]
-    assert ours["curve"] == theirs["curve"] and {c["updates"] for c in ours["curve"]} >= {60, 120}
+    assert ours["curve"] == theirs["curve"] and {c["updates"] for c in ours["curve"]} >= set(points)
     tensors, state = trained(folder)
-    assert state["optimizer_history"][-1]["num_updates"] == 120
+    assert state["optimizer_history"][-1]["num_updates"] == updates
     expected, _ = trained(reference)
     assert tensors.keys() == expected.keys() and all(torch.equal(tensors[k], expected[k]) for k in tensors)
 
@@ -171,3 +172,53 @@ def test_a_killed_sweep_takes_its_slots_run_and_trainer_with_it_and_the_rerun_re
     rerun = re.split(r"^# \d{4}-", slot_log.read_text(), flags=re.M)[-1]  # the slot log of the second sweep
     assert_resumed_as_named(rerun, (folder / "train.log").read_text())
     assert_same_run(folder, reference)
+
+
+# two LoRA runs trained together (--fuse 2), then the same two runs again as the uninterrupted reference: the
+# label makes them other runs (their own folders) with the same training (--keep-interval-updates only keeps
+# more checkpoint files)
+FUSED = """
+name: killed-fused
+model: standin
+tasks: [SST-2]
+methods:
+  - lora
+  - {label: lora-again, method: lora, args: [--keep-interval-updates, 9]}
+lrs: [2.0e-4, 1.0e-4]
+seeds: [1]
+max_update: 40
+args: [--total-batch, 8, --validate-interval-updates, 20]
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(sst2, standin_model, tmp_path):
+    """kill -9 of a sweep training a group (one process for two runs) once both saved update 20: the same
+    command resumes each member from its own checkpoint and ends with the record and trained tensors of the
+    same runs trained together without interruption (the sweep's second group)."""
+    raw, _ = sst2
+    spec = tmp_path / "killed-fused.yaml"
+    spec.write_text(FUSED)
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path), "--fuse", "2"]
+    cmd += ["--jobs", "1", "--threads", "1"]
+    env = {**os.environ, "GLUE_DIR": str(raw.parent)}
+
+    def sweep(log):
+        return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+    killed = sweep(tmp_path / "killed.out")
+    family = kill_after_first_checkpoint(killed, "checkpoints/standin/SST-2/lora/*", tmp_path, update=20, runs=2)
+    assert len(family) >= 2  # the slot's group and its trainer
+    out = finish(sweep(tmp_path / "resumed.out"), tmp_path / "resumed.out")
+    assert "[sweep killed-fused] 4/4 done" in out, out[-3000:]
+    runs = list((tmp_path / "checkpoints" / "standin" / "SST-2" / "lora").iterdir())  # the label names no folder
+    logs = {f: (f / "train.log").read_text() for f in runs}
+    killed = [f for f in runs if logs[f].count("# trained together with: ") == 2]  # the killed start and the rerun's
+    again = [f for f in runs if logs[f].count("# trained together with: ") == 1]
+    assert len(runs) == 4 and len(killed) == len(again) == 2, {f.name: logs[f].count("# trained") for f in runs}
+    for folder in killed:
+        loaded = re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", logs[folder])
+        assert loaded == ["20"], (folder.name, loaded)
+        (reference,) = (f for f in again if f.name.rsplit(".", 1)[0] == folder.name.rsplit(".", 1)[0])
+        assert json.loads((folder / "results.json").read_text())["fused_with"]
+        assert_same_run(folder, reference, updates=40, points={20, 40})
