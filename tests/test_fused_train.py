@@ -155,6 +155,18 @@ def test_fine_tuning_is_refused_in_one_line(tiny, tiny_data, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_compiled_layers_are_refused_in_one_line(tiny, tiny_data, tmp_path, capsys):
+    """Members run under vmap, which calls the layers' own code: --compile-layers would do nothing there."""
+    from fairseq_idpg.fused.train import main
+
+    data, dims = tiny_data
+    argv = [*shared_args("lora", data, dims, tiny.model_file), "--compile-layers"]
+    assert main([*argv, "--member", f"--lr 1e-3 --seed 1 --save-dir {tmp_path / 'a'}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--compile-layers compiles a lone run's layers; runs trained together" in lines[0]
+    assert not (tmp_path / "a").exists()
+
+
 @pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
 def test_fused_gradient_norms_are_fairseqs(precision, tiny, tiny_data, tmp_path, monkeypatch):
     """Under fairseq's FP16Optimizer each member's gradient norm comes from the fused step, computed for all members

@@ -322,3 +322,12 @@ def test_parallel_slots_of_each_executor():
         3, "cpu", "local: 3 CPU run(s), 1 thread(s) each")  # fmt: skip
     slurm = SimpleNamespace(executor="slurm", gpus_per_run=0, array_parallelism=64)
     assert estimate.parallelism(slurm)[:2] == (64, "cpu")
+
+
+def test_runs_with_compiled_layers_train_alone_under_fuse(tmp_path, capsys):
+    """A group runs its members under vmap, where compiled layers do not apply: such runs stay alone."""
+    spec = TWO_METHODS.replace(
+        "methods: [m-idpg-phm, lora]", "methods: [m-idpg-phm, {method: lora, args: [--compile-layers]}]"
+    )
+    out = dry_run(tmp_path, capsys, spec, "--fuse", "4")
+    assert "fused: 3 run(s) in 1 group(s) of up to 3 on one backbone each, 3 alone" in out

@@ -143,6 +143,11 @@ def _check_fusable(cfg):
         raise ConfigError(
             f"--arch {arch}: its backbone trains (fine-tuning), so its runs cannot share one; they train alone"
         )
+    if getattr(cfg.model, "compile_layers", False):
+        # the members run under torch.func.vmap (stacked.py), which calls the layers' own code: compiled
+        # layers would be built, compiled again for each member's validation, and never used in training
+        raise ConfigError("--compile-layers compiles a lone run's layers; runs trained together do not use it: "
+                          "drop --compile-layers, or train the runs alone")  # fmt: skip
 
 
 class _MemberLogs(logging.Handler):

@@ -59,10 +59,22 @@ def split_own(args):
     return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
 
 
+def trains_alone(p):
+    """Why a run cannot train in a group (None when it can): fine-tuning, EFL, or ``--compile-layers`` (a
+    group runs its members under vmap, where compiled layers do not apply: ``fused/train.py``)."""
+    if not p.method.frozen_backbone:
+        return "its backbone trains"
+    if "efl" in p.method.arch:
+        return "EFL rewrites each batch into sentence pairs"
+    if "--compile-layers" in fairseq_train_args(p):
+        return "--compile-layers compiles a lone run's layers"
+    return None
+
+
 def fusion_key(p):
     """What members of one group share: the fairseq-train command without lr, seed and folder, or None for a
-    run that trains alone (fine-tuning; EFL)."""
-    if not p.method.frozen_backbone or "efl" in p.method.arch:
+    run that trains alone (``trains_alone``)."""
+    if trains_alone(p) is not None:
         return None
     return tuple(split_own(fairseq_train_args(p))[0])
 
@@ -171,9 +183,9 @@ def main(argv=None):
         for request in requests:
             check(request)
         plans = [plan(request, m) for request, m in zip(requests, members, strict=True)]
-        keys = {fusion_key(p) for p in plans}
-        if None in keys:
-            raise ConfigError(f"--method {requests[0].method}: its runs train alone (its backbone trains, or EFL)")
+        alone = next((why for why in map(trains_alone, plans) if why is not None), None)
+        if alone is not None:
+            raise ConfigError(f"--method {requests[0].method}: its runs train alone ({alone})")
         fused_command(plans)  # members that differ in more than lr and seed: refused before anything runs
     except (ConfigError, RunError) as e:
         print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
