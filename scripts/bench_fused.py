@@ -4,6 +4,7 @@
     python scripts/bench_fused.py launches                       # kernel launches per member-update, K = 1, 4, 20
     python scripts/bench_fused.py launches lora --k 20 --layers 24
     python scripts/bench_fused.py wall --k 4 --updates 50        # CPU wall time: K fused runs vs the K alone
+    python scripts/bench_fused.py wall prompt-tuning-5 bitfit --k 1 4 20 --alone 2 --size standin --dtype fp32
     python scripts/bench_fused.py wall --k 20 --alone 2 --device cuda --size large --batch 16 --length 128
 
 ``launches`` (does not depend on the device): a whole fairseq-train update of one run alone
@@ -15,8 +16,9 @@ GPU run does on the host, as the lone count reuses its batch), divided by K. Pri
 method and K: launches per member-update, and the ratio to the lone run's.
 
 ``wall``: fairseq-train's main run K times one after another (seeds 1..K, validation every ``--updates / 2``
-updates) against the K runs trained together, both in this process on the same data and threads, on the CPU or
-a GPU (``--device cuda --size large``: RoBERTa-large's shape, random weights). Printed: seconds of the K runs
+updates) against the K runs trained together, both in this process on the same data and threads, for each K of
+``--k``, on the CPU or a GPU (``--size``: the offline stand-in's shape, all-MiniLM-L6-v2's 6 x 384, or
+RoBERTa-base's or -large's; random weights). Printed: seconds of the K runs
 each way (startup and validation included; ``--alone N`` times N of the K lone runs and scales to K) and their
 ratio; the steady state: ms per update of a lone run (the median gap between updates), ms per round of the
 group (one update of every member) and the updates-per-second ratio, K x the one / the other.
@@ -52,6 +54,7 @@ def parse_args(argv):
     p.add_argument("what", choices=("launches", "wall", "step"))
     p.add_argument("methods", nargs="*", default=list(DEFAULT_METHODS))
     p.add_argument("--k", type=int, nargs="+", default=None, help="members (default: 1 4 20; wall: 4)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
@@ -82,7 +85,9 @@ def launches(opts):
         print(f"{name:<18} {alone:>7,} {cells}", flush=True)
 
 
-SIZES = {"large": dict(layers=24, dim=1024, heads=16, ffn=4096), "base": dict(layers=12, dim=768, heads=12, ffn=3072)}
+# the offline stand-in (all-MiniLM-L6-v2 in fairseq RoBERTa's format, not RoBERTa) and RoBERTa's two sizes
+SIZES = {"standin": dict(layers=6, dim=384, heads=12, ffn=1536), "base": dict(layers=12, dim=768, heads=12, ffn=3072),
+         "large": dict(layers=24, dim=1024, heads=16, ffn=4096)}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -115,21 +120,21 @@ def wall(opts):
     sizes = SIZES.get(opts.size, dict(layers=opts.layers, dim=opts.dim))
     shape = Shape(**sizes, batch=opts.batch, length=opts.length)
     dtype = DTYPES[opts.dtype]
-    k = (opts.k or [4])[0]
-    alone = min(k, opts.alone or k)
+    ks = opts.k or [4]
     where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"wall time: {k} runs of {opts.updates} updates (validation every {max(1, opts.updates // 2)}), "
+    print(f"wall time: K runs of {opts.updates} updates (validation every {max(1, opts.updates // 2)}), "
           f"{shape.layers} layers x {shape.dim}, batch {shape.batch} x {shape.length}, {PRECISIONS[dtype]}, "
-          f"{where}; alone: {alone} of the {k} runs one after another"
-          + (f", scaled to {k}" if alone < k else ""), flush=True)  # fmt: skip
-    print(f"{'method':<16} {'alone s':>8} {'fused s':>8} {'ratio':>6} {'ms/update alone':>16} "
+          f"{where}; alone: the K runs one after another"
+          + (f" ({opts.alone} of them timed, scaled to K)" if opts.alone else ""), flush=True)  # fmt: skip
+    print(f"{'method':<16} {'K':>3} {'alone s':>8} {'fused s':>8} {'ratio':>6} {'ms/update alone':>16} "
           f"{'ms/round fused':>15} {'updates/s ratio':>16}", flush=True)  # fmt: skip
     with contextlib.ExitStack() as stack:
         work = Path(opts.work or stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         for name in opts.methods:
-            with tempfile.TemporaryDirectory(dir=work) as folder:
-                wall_of(name, shape, dtype, k, alone, work, folder, opts)
+            for k in ks:
+                with tempfile.TemporaryDirectory(dir=work) as folder:
+                    wall_of(name, shape, dtype, k, min(k, opts.alone or k), work, folder, opts)
 
 
 def wall_of(name, shape, dtype, k, alone, work, folder, opts):
@@ -157,7 +162,7 @@ def wall_of(name, shape, dtype, k, alone, work, folder, opts):
     fused = time.perf_counter() - start
     assert not any(outcome.values()), outcome
     per_update, per_round = statistics.median(lone), steady(rounds)
-    print(f"{name:<16} {alone_seconds:8.1f} {fused:8.1f} {alone_seconds / fused:6.2f} {per_update * 1e3:16.1f} "
+    print(f"{name:<16} {k:>3} {alone_seconds:8.1f} {fused:8.1f} {alone_seconds / fused:6.2f} {per_update * 1e3:16.1f} "
           f"{per_round * 1e3:15.1f} {k * per_update / per_round:16.2f}", flush=True)  # fmt: skip
 
 
@@ -212,6 +217,8 @@ def step(opts):
 
 def main(argv=None):
     opts = parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("fairseq", "fairseq_cli", "fairseq_idpg"):
         logging.getLogger(name).setLevel(logging.WARNING)
