@@ -389,6 +389,14 @@ class Shape:
         )  # fmt: skip
 
 
+# the benchmarks' random backbones (scripts/bench_fused.py, bench_updates.py): the offline stand-in's shape
+# (all-MiniLM-L6-v2 in fairseq RoBERTa's format, not RoBERTa: models.build.STANDIN) and RoBERTa's two sizes;
+# and their precisions
+SIZES = {"standin": dict(layers=6, dim=384, heads=12, ffn=1536), "base": dict(layers=12, dim=768, heads=12, ffn=3072),
+         "large": dict(layers=24, dim=1024, heads=16, ffn=4096)}  # fmt: skip
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def tiny_batch(shape, device="cpu"):
     """(tokens [B, T] from a fairseq dictionary of ``shape.vocab`` symbols, labels [B]), seeded."""
     g = torch.Generator().manual_seed(1)

@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 
 from fairseq_idpg.launches import (
+    DTYPES,
     PRECISIONS,
+    SIZES,
     Shape,
     fused_update_launches,
     one_thread,
@@ -46,7 +48,6 @@ from fairseq_idpg.launches import (
 )
 
 DEFAULT_METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_args(argv):
@@ -83,11 +84,6 @@ def launches(opts):
                 fused = [fused_update_launches(name, shape, dtype, k, folder) for k in ks]
         cells = " ".join(f"{f:>7.1f} ({f / alone:.2f})" for f in fused)
         print(f"{name:<18} {alone:>7,} {cells}", flush=True)
-
-
-# the offline stand-in (all-MiniLM-L6-v2 in fairseq RoBERTa's format, not RoBERTa) and RoBERTa's two sizes
-SIZES = {"standin": dict(layers=6, dim=384, heads=12, ffn=1536), "base": dict(layers=12, dim=768, heads=12, ffn=3072),
-         "large": dict(layers=24, dim=1024, heads=16, ffn=4096)}  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -34,10 +34,15 @@ from pathlib import Path
 import torch
 
 from fairseq_idpg.check_gpu.training import FAMILIES
-from fairseq_idpg.launches import Shape, build_trainer, fairseq_train_update, train_argv, train_folders
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SIZES = {"large": dict(layers=24, dim=1024, heads=16, ffn=4096), "base": dict(layers=12, dim=768, heads=12, ffn=3072)}
+from fairseq_idpg.launches import (
+    DTYPES,
+    SIZES,
+    Shape,
+    build_trainer,
+    fairseq_train_update,
+    train_argv,
+    train_folders,
+)
 
 
 def parse_args(argv):

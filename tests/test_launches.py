@@ -103,3 +103,10 @@ def test_an_fp16_update_adds_only_the_loss_scalers_launches(counted, updates):
     one does but the loss scaler's few operators, whatever the number of trained tensors."""
     fp16, bf16 = updates("lora", torch.float16).total, updates("lora").total
     assert bf16 <= fp16 <= bf16 + 8 and fp16 <= 1.10 * counted("ours", "lora")
+
+
+def test_the_benchmarks_standin_size_is_the_standins_shape():
+    from fairseq_idpg.launches import SIZES
+    from fairseq_idpg.models.build import STANDIN
+
+    assert Shape(**SIZES["standin"]).sizes() == STANDIN
