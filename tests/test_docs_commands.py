@@ -105,6 +105,11 @@ RULES = [
         "the --fuse timing: 20 stand-in runs, fused and one by one (most of an hour on a busy 2-core CPU)",
     ),
     (
+        r"^docs/benchmarks\.md: python -m fairseq_idpg\.results\.paired sweeps/",
+        "help",
+        "compares the records of the two sweeps above, which only they write (tests/test_results_paired.py)",
+    ),
+    (
         r": (CUDA_VISIBLE_DEVICES=\S+ )?scripts/sweep\.sh ",
         "dry-run",
         "a paper's table on GPUs (the example READMEs state its GPU-hours)",
