@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -215,6 +216,12 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     ids = wait_for(lambda: submitted.is_file() and json.loads(submitted.read_text()))
     assert ids[AGAIN].endswith("_4") and "PENDING" in state(ids[AGAIN])
     subprocess.run(["scancel", ids[AGAIN]], check=True)
+    # the run to kill -9 is short and may run while the requeues below are awaited: watched for from now on
+    killed = []
+    watcher = threading.Thread(
+        target=lambda: killed.append(os.kill(wait_for(lambda: run_folder(work, PT2) and task_process(ids[PT2])),
+                                             signal.SIGKILL) or True), daemon=True)  # fmt: skip
+    watcher.start()
     wait_for(lambda: saved_update_2(work, LORA1))
     # what Slurm sends before the limit
     signalling = subprocess.Popen(["scancel", "--signal=USR2", ids[LORA1]], stderr=subprocess.DEVNULL)
@@ -224,8 +231,8 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     wait_for(lambda: saved_update_2(work, LORA2))
     subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
     wait_for(lambda: requeued_again(ids[LORA2]))
-    pid = wait_for(lambda: run_folder(work, PT2) and task_process(ids[PT2]))
-    os.kill(pid, signal.SIGKILL)
+    watcher.join(timeout=660)
+    assert killed, f"{PT2}'s task was never seen running"
     assert first.wait(timeout=900) == 1, first_out.read_text()[-3000:]
     out = first_out.read_text()
     assert f"cancelled: {AGAIN} (job {ids[AGAIN]}, scancel); not run" in out
