@@ -66,7 +66,7 @@ def trains_alone(p):
         return "its backbone trains"
     if "efl" in p.method.arch:
         return "EFL rewrites each batch into sentence pairs"
-    if "--compile-layers" in fairseq_train_args(p):
+    if p.request.compile_layers:
         return "--compile-layers compiles a lone run's layers"
     return None
 
