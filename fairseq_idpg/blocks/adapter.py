@@ -10,6 +10,12 @@ from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 from fairseq_idpg.options import check_at_least, option
 
 KINDS = ("none", "houlsby", "compacter")
+# --adapter-init: idpg-authors (where the IDPG authors' baselines start once their model is built) or original
+# (the adapters' own papers and code); the init name of each module per kind
+INITS = {
+    "idpg-authors": {"houlsby": "bert", "compacter": "idpg"},
+    "original": {"houlsby": "houlsby", "compacter": "compacter"},
+}
 
 
 @register_block(
@@ -21,6 +27,13 @@ class AdapterConfig(BlockConfig):
     adapter_dim: int = option(16, "bottleneck r (16)", metavar="R", size=True)
     compacter_n: int = option(4, "Kronecker terms n of Compacter's PHM layers (4)", metavar="N")
     compacter_rank: int = option(1, "rank of Compacter's factorised B_i = s_i t_i (1)", metavar="K", size=True)
+    adapter_init: str = option(
+        "idpg-authors",
+        "initial values: idpg-authors (the IDPG authors' model as it trains: Houlsby weights N(0, 0.02^2); "
+        "Compacter A, s, t, down bias N(0, 0.05^2), up bias N(0, 0.02^2)) or original (Houlsby et al.: "
+        "N(0, 1e-2) folded at 2 std; Compacter's config: A N(0, 0.01^2), s, t Glorot-uniform); other biases 0",
+        choices=tuple(INITS),
+    )
 
     def active(self):
         return self.adapter != "none"
@@ -37,9 +50,10 @@ class AdapterConfig(BlockConfig):
             check_at_least(self, "compacter_rank", 1)
 
     def adapter_module(self, dim):
+        init = INITS[self.adapter_init][self.adapter]
         if self.adapter == "houlsby":
-            return BottleneckAdapter(dim, self.adapter_dim, init="houlsby")
-        return CompacterAdapter(dim, self.adapter_dim, self.compacter_n, self.compacter_rank)
+            return BottleneckAdapter(dim, self.adapter_dim, init=init)
+        return CompacterAdapter(dim, self.adapter_dim, self.compacter_n, self.compacter_rank, init=init)
 
     def layer_blocks(self, index, encoder, model):
         return [

@@ -6,9 +6,12 @@ added (after a sublayer, or in parallel with the FFN) is the layer's business
 
     f(x) = s * (W_up Dropout(ReLU(W_down x + b_d)) + b_u)     W_down: [r, d], W_up: [d, r]
 
-2 d r + r + d parameters. ``init="houlsby"``: weights ~ 0.01 * fmod(N(0, 1), 2) (Houlsby et al.
-2019 section 3.6: N(0, 1e-2) truncated at two standard deviations), biases 0, so f is close to 0
-and the layer close to the frozen one. ``init="lora"`` (the parallel FFN adapter of MAM adapters
+2 d r + r + d parameters. ``init="bert"`` (the Houlsby adapter's default): weights ~ N(0, 0.02^2),
+biases 0: where the IDPG authors' adapter baseline really starts (their adapter's own N(0, 1e-6^2) is
+redrawn by the ``init_bert_params`` their RobertaModel applies to the whole model), and AdapterHub's
+default (``init_weights="bert"``). ``init="houlsby"``: weights ~ 0.01 * fmod(N(0, 1), 2) (Houlsby et al.
+2019 section 3.6: N(0, 1e-2) truncated at two standard deviations), biases 0. Either way f is close to
+0 and the layer close to the frozen one. ``init="lora"`` (the parallel FFN adapter of MAM adapters
 and MAM inducer-tuning, inducer-tuning section 5.2; the authors' ``ffn_adapter_init_option=lora``):
 W_down kaiming-uniform (a = sqrt(5)), W_up and both biases 0, so f = 0 exactly at the start.
 ReLU as in the authors' ``Adapter_Layer`` (the code behind the inducer paper's adapter baselines).
@@ -39,7 +42,7 @@ def check_bottleneck(flag, bottleneck, dim):
 class BottleneckAdapter(nn.Module):
     """``f(x) = s * (W_up Dropout(ReLU(W_down x + b_d)) + b_u)``; shapes [..., dim] -> [..., dim]."""
 
-    def __init__(self, dim, bottleneck, scale=1.0, dropout=0.0, init="houlsby"):
+    def __init__(self, dim, bottleneck, scale=1.0, dropout=0.0, init="bert"):
         super().__init__()
         check_bottleneck("the adapter bottleneck", bottleneck, dim)
         self.scale = float(scale)
@@ -48,14 +51,17 @@ class BottleneckAdapter(nn.Module):
         self.dropout = nn.Dropout(dropout)
         nn.init.zeros_(self.down.bias)
         nn.init.zeros_(self.up.bias)
-        if init == "houlsby":
+        if init == "bert":
+            nn.init.normal_(self.down.weight, 0.0, 0.02)
+            nn.init.normal_(self.up.weight, 0.0, 0.02)
+        elif init == "houlsby":
             truncated_normal_(self.down.weight, 0.01)
             truncated_normal_(self.up.weight, 0.01)
         elif init == "lora":
             nn.init.kaiming_uniform_(self.down.weight, a=math.sqrt(5))
             nn.init.zeros_(self.up.weight)
         else:
-            raise ConfigError(f"adapter init must be 'houlsby' or 'lora', got {init!r}")
+            raise ConfigError(f"adapter init must be 'bert', 'houlsby' or 'lora', got {init!r}")
 
     def forward(self, x):
         h = self.dropout(F.relu(self.down(x)))

@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_idpg.errors import ConfigError
+
 from ..phm import PHMLinear
 from .bottleneck import check_bottleneck
 
@@ -24,23 +26,33 @@ from .bottleneck import check_bottleneck
 class CompacterAdapter(nn.Module):
     """``f(x) = PHM_up(GELU(PHM_down(x)))`` with one shared A set; shapes [..., dim] -> [..., dim].
 
-    Init: A ~ N(0, 0.01^2) (Compacter's ``phm_c_init=normal``, ``phm_init_range=0.01``),
-    s_i, t_i Glorot-uniform per Kronecker term (``hypercomplex_nonlinearity=glorot-uniform``),
-    biases 0.
+    Init (``init``): ``"idpg"`` (default), where the IDPG authors' Compacter really starts: A, s_i, t_i and
+    the down-projection's bias ~ N(0, 0.05^2) (their encoder's draws, which their model's
+    ``init_bert_params`` leaves: they are plain Parameters), the up-projection's bias ~ N(0, 0.02^2) (an
+    nn.Embedding there, redrawn by ``init_bert_params``). ``"compacter"``: Compacter's own config,
+    A ~ N(0, 0.01^2) (``phm_c_init=normal``, ``phm_init_range=0.01``), s_i, t_i Glorot-uniform per
+    Kronecker term (``hypercomplex_nonlinearity=glorot-uniform``), biases 0.
     """
 
-    def __init__(self, dim, bottleneck, n=4, rank=1, dropout=0.0):
+    def __init__(self, dim, bottleneck, n=4, rank=1, dropout=0.0, init="idpg"):
         super().__init__()
         check_bottleneck("the adapter bottleneck", bottleneck, dim)
         self.A = nn.Parameter(torch.empty(n, n, n).normal_(0, 0.01))
         self.down = PHMLinear(dim, bottleneck, n, A_from=self, rank=rank)
         self.up = PHMLinear(bottleneck, dim, n, A_from=self, rank=rank)
         self.dropout = nn.Dropout(dropout)
-        for phm in (self.down, self.up):
-            for factor in (phm.s, phm.t) if rank > 0 else (phm.B,):
-                for term in factor:  # Glorot per Kronecker term (init only, not in forward)
-                    nn.init.xavier_uniform_(term)
-            nn.init.zeros_(phm.bias)
+        if init == "idpg":  # PHMLinear draws A, s, t and the biases N(0, 0.05^2) already
+            with torch.no_grad():
+                self.A.normal_(0, 0.05)
+                self.up.bias.normal_(0, 0.02)
+        elif init == "compacter":
+            for phm in (self.down, self.up):
+                for factor in (phm.s, phm.t) if rank > 0 else (phm.B,):
+                    for term in factor:  # Glorot per Kronecker term (init only, not in forward)
+                        nn.init.xavier_uniform_(term)
+                nn.init.zeros_(phm.bias)
+        else:
+            raise ConfigError(f"Compacter init must be 'idpg' or 'compacter', got {init!r}")
 
     def forward(self, x):
         return self.up(self.dropout(F.gelu(self.down(x))))
