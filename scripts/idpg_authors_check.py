@@ -156,27 +156,36 @@ def their_flags(method, hidden, n, position=0, glove=None):
 def build_theirs(encoder_cls, ours, method, dropout):
     """Their encoder with our frozen backbone's weights (trained values are copied later)."""
     a = ours.args
-    enc = ours.encoder.sentence_encoder
     gen = ours.generator
     hidden = gen.W1.shape[1] if gen.kind == "dnn" else gen.phm1.out_features
     n = None if gen.kind == "dnn" else gen.phm1.n
+    flags = their_flags(method, hidden, n, a.prompt_position, a.idpg_glove_vectors)
+    theirs = their_encoder(encoder_cls, ours, dropout, gen.t, flags)
+    if ours.glove is not None:  # shim: their decode (fairseq 0.9's GPT-2 BPE) -> our detokenizer's same text
+        theirs.decode = ours.glove.detokenizer.decode
+    return theirs
+
+
+def their_encoder(encoder_cls, ours, dropout, t, flags):
+    """Their encoder as their RobertaEncoder builds it (``--freeze-encoder``: embeddings and every layer frozen),
+    with ``flags`` (their prompt arguments, e.g. ``their_flags``) and our frozen backbone's weights loaded."""
+    a = ours.args
+    enc = ours.encoder.sentence_encoder
     theirs = encoder_cls(
         dictionary=None, bpe=None, padding_idx=enc.padding_idx, vocab_size=enc.embed_tokens.num_embeddings,
         num_encoder_layers=a.encoder_layers, embedding_dim=a.encoder_embed_dim,
         ffn_embedding_dim=a.encoder_ffn_embed_dim, num_attention_heads=a.encoder_attention_heads, dropout=dropout,
         attention_dropout=dropout, activation_dropout=dropout, max_seq_len=enc.embed_positions.max_positions,
         num_segments=0, encoder_normalize_before=True, apply_bert_init=True, activation_fn="gelu",
-        freeze_embeddings=True, n_trans_layers_to_freeze=a.encoder_layers, suffix_len=gen.t,
-        generation_dropout=dropout, **their_flags(method, hidden, n, a.prompt_position, a.idpg_glove_vectors),
+        freeze_embeddings=True, n_trans_layers_to_freeze=a.encoder_layers, suffix_len=t,
+        generation_dropout=dropout, **flags,
     )  # fmt: skip
     state = {k.replace("layernorm_embedding", "emb_layer_norm"): v for k, v in enc.state_dict().items()}
     missing, unexpected = theirs.load_state_dict(state, strict=False)
-    frozen = [k for k in missing if not k.startswith(("generation_", "middle_", "residual_", "multi_"))]
+    frozen = [k for k in missing if not k.startswith(("generation_", "middle_", "residual_", "multi_", "suffix_"))]
     frozen = [k for k in frozen if ".middle_layer_norm." not in k]  # their layers' unused extra LayerNorm
     if frozen or [k for k in unexpected if k != "version"]:
         raise CheckError(f"backbone weights do not map onto their encoder: missing {frozen}, unexpected {unexpected}")
-    if ours.glove is not None:  # shim: their decode (fairseq 0.9's GPT-2 BPE) -> our detokenizer's same text
-        theirs.decode = ours.glove.detokenizer.decode
     return theirs
 
 
