@@ -314,15 +314,19 @@ register(
 # Static soft prompts (--arch roberta_prompt): one implementation of prompt tuning, P-tuning v2,
 # DPT and its baselines; each preset is --prompt-matrix, --prompt-length l (its name says l) and
 # --prompt-deep (a prompt per layer, IDPG's P-tuning v2 scheme).
-def _prompt(matrix, length, deep=False):
-    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep}
+def _prompt(matrix, length, deep=False, **start):
+    return {"prompt_matrix": matrix, "prompt_length": length, "prompt_deep": deep, **start}
 
 
+# IDPG Table 1's prompts start where the IDPG authors' model starts them: their prompt tables are nn.Embedding,
+# redrawn N(0, 0.02^2) by their RobertaModel's init_bert_params (docs/idpg.md, "Where training starts")
+IDPG_START = dict(prompt_init="normal", prompt_init_scale=0.02)
 _PROMPT_METHODS = (  # name, preset, recipe, description, source[, capabilities]
-    ("prompt-tuning-5", _prompt("full", 5), IDPG_RECIPE, "prompt tuning, t = 5 (5,120 at roberta-large)",
+    ("prompt-tuning-5", _prompt("full", 5, **IDPG_START), IDPG_RECIPE, "prompt tuning, t = 5 (5,120 at roberta-large)",
      "IDPG Table 1", dict(representative=True, peft_counterpart="prompt-tuning")),
-    ("prompt-tuning-134", _prompt("full", 134), IDPG_RECIPE, "prompt tuning, t = 134 (137,216)", "IDPG Table 1"),
-    ("p-tuning-v2-5", _prompt("full", 5, deep=True), IDPG_RECIPE,
+    ("prompt-tuning-134", _prompt("full", 134, **IDPG_START), IDPG_RECIPE, "prompt tuning, t = 134 (137,216)",
+     "IDPG Table 1"),
+    ("p-tuning-v2-5", _prompt("full", 5, deep=True, **IDPG_START), IDPG_RECIPE,
      "P-tuning v2: per-layer additive prompts, t = 5 (122,880)", "IDPG Table 1"),
     ("prompt-tuning-100", _prompt("full", 100), LONG_PROMPT_RECIPE, "vanilla prompt tuning, l = 100 (DPT's baseline)",
      "DPT Table 1"),
@@ -386,7 +390,9 @@ _M = dict(idpg_depth="multi", idpg_sharing="M")  # M-IDPG: shared W, per-layer c
 _IDPG_METHODS = (  # name, preset, description[, capabilities]
     ("s-idpg-phm", dict(idpg_generator="phm", idpg_hidden=256, idpg_phm_n=16, idpg_phm_a_sets=1, idpg_depth="single"),
      "S-IDPG-PHM, m = 256, n = 16, one A set (107,776)"),
-    ("s-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=256, idpg_depth="single"), "S-IDPG-DNN, m = 256 (1,578,240)"),
+    # c is an nn.Linear's bias in the authors' S-IDPG-DNN: zero once their model applies init_bert_params
+    ("s-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=256, idpg_depth="single", idpg_bias_init="zero"),
+     "S-IDPG-DNN, m = 256 (1,578,240)"),
     ("m-idpg-phm", dict(idpg_generator="phm", idpg_hidden=16, idpg_phm_n=16, idpg_phm_a_sets=2, **_M),
      "M-IDPG-PHM, m = 16, n = 16, previous-layer input, M version (137,232)", dict(representative=True)),
     ("m-idpg-dnn", dict(idpg_generator="dnn", idpg_hidden=16, **_M),

@@ -91,7 +91,13 @@ def test_low_rank_layer_biases():
     assert c.shape == (24, 5120)
     assert torch.equal(c[0], b.first) and torch.allclose(c[1:], b.mix @ b.basis)
     assert sum(p.numel() for p in b.parameters()) == LayerBiases.num_parameters(24, 5120, 4) == 5120 + 23 * 4 + 4 * 5120
-    assert abs(c[1:].std().item() - 12**-0.5) < 0.03  # same spread as the full U(-0.5, 0.5) biases
+    # an entry of C = U V has the spread of a full bias at any rank: N(0, 0.02^2) by default, U(-0.5, 0.5) as asked
+    assert abs(c[1:].std().item() - 0.02) < 0.002
+    assert abs(c[0].std().item() - 0.02) < 0.002
+    uniform = LayerBiases(24, 5120, rank=4, init="uniform")()
+    assert abs(uniform[1:].std().item() - 12**-0.5) < 0.03 and uniform[0].abs().max() <= 0.5
+    zero = LayerBiases(24, 5120, rank=4, init="zero")
+    assert not zero().any() and zero.mix.std() > 0  # C = 0 at the start, and V still gets a gradient through U
     with pytest.raises(ValueError, match="a low rank needs per-layer biases"):
         LayerBiases(1, 10, rank=2)
 

@@ -49,6 +49,7 @@ from fairseq_idpg.modules.prompts import layer_steps
 from fairseq_idpg.modules.prompts.detokenize import Detokenizer
 from fairseq_idpg.modules.prompts.generator import KINDS, PromptGenerator
 from fairseq_idpg.modules.prompts.glove import GloveSentenceEncoder, read_glove_dim
+from fairseq_idpg.modules.prompts.layer_biases import INITS as BIAS_INITS
 from fairseq_idpg.options import Options, option
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,12 @@ class IdpgOptions(Options):
     idpg_residual: bool = option(False, "IDPG A.5.1 ablation: add M(x) to each prompt")
     idpg_layer_norm: bool = option(
         False, "IDPG A.5.1 ablation: LayerNorm the prompts (with --idpg-residual: LN(LN(M(x)) + LN(G)))"
+    )
+    idpg_bias_init: str = option(
+        "normal",
+        "start of the output biases c: normal N(0, 0.02^2) (the authors' model: init_bert_params redraws them), "
+        "uniform U(-0.5, 0.5) (their encoder's own draw) or zero (S-IDPG-DNN's)",
+        choices=BIAS_INITS,
     )
     idpg_layer_bias_rank: int = option(
         0, "low-rank per-layer biases c_1..c_(L-1) = U V, U: [L-1, R], V: [R, t*d] (0: full)", metavar="R"
@@ -214,7 +221,7 @@ class RobertaIdpgModel(PromptedRobertaModel):
             return PromptGenerator(
                 d_in, d, t, args.idpg_hidden, args.idpg_generator, args.idpg_phm_n, args.idpg_phm_a_sets,
                 num_biases=num_biases, layer_bias_rank=args.idpg_layer_bias_rank, dropout=args.idpg_dropout,
-                residual=args.idpg_residual, layer_norm=args.idpg_layer_norm,
+                residual=args.idpg_residual, layer_norm=args.idpg_layer_norm, bias_init=args.idpg_bias_init,
             )  # fmt: skip
 
         # _plan[l] = (generator, bias index) of the prompt of layer l (0: the inserted one)

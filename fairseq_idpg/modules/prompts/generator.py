@@ -10,7 +10,8 @@ Row-vector convention (y = x W + b):
 - ``kind="phm"``: W1, W2 are PHM layers (Eq. 4: W = sum_i kron(A_i, B_i), ``modules/phm.py``);
   A, B, b1 ~ N(0, 0.05^2). ``phm_a_sets`` = 1: one A set shared by W1 and W2 (S-IDPG-PHM,
   n^3 once); 2: one A set per generator layer (M-IDPG-PHM, 2 n^3). n must divide d_in, m, t*d.
-- c_k ~ U(-0.5, 0.5): ``LayerBiases`` (K biases, optionally low-rank). With W1 = W2 = 0 the
+- c_k ~ N(0, 0.02^2) (the authors' effective start; ``bias_init``: ``LayerBiases``, K biases, optionally
+  low-rank). With W1 = W2 = 0 the
   generator returns exactly c_k for every example: prompt tuning (K = 1) or P-tuning v2 (K = L)
   (IDPG section 3.1, "by setting W to a zero matrix and only training the bias, IDPG would
   degenerate into the traditional prompt tuning"); those static prompts themselves are
@@ -48,6 +49,7 @@ class PromptGenerator(nn.Module):
         num_biases: K output biases c_0..c_{K-1}.  layer_bias_rank: r (see ``LayerBiases``).
         dropout: the generator's dropout (on M(x) and on h).
         residual, layer_norm: the A.5.1 ablations.
+        bias_init: how c starts (``layer_biases.INITS``).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class PromptGenerator(nn.Module):
         dropout=0.1,
         residual=False,
         layer_norm=False,
+        bias_init="normal",
     ):
         super().__init__()
         if kind not in KINDS:
@@ -78,7 +81,7 @@ class PromptGenerator(nn.Module):
             self.phm1 = PHMLinear(input_dim, hidden_dim, phm_n, bias=True)
             shared = self.phm1 if phm_a_sets == 1 else None
             self.phm2 = PHMLinear(hidden_dim, out, phm_n, A_from=shared, bias=False)
-        self.biases = LayerBiases(num_biases, out, rank=layer_bias_rank)
+        self.biases = LayerBiases(num_biases, out, rank=layer_bias_rank, init=bias_init)
         self.dropout = nn.Dropout(dropout)
         self.residual = residual
         if layer_norm:

@@ -18,9 +18,14 @@ a per-layer factorisation t r + r d saves little (r = 4: 4,116 vs 5,120); the re
 basis removes: (K-1) r + r t d parameters instead of (K-1) t d. c_0 stays full: it is the
 prompt-tuning part of IDPG (zero generator weights reduce to prompt tuning with it).
 
-Init (the authors' code): c ~ U(-0.5, 0.5), the prompt initialisation of every static prompt
-(``soft_prompts.init_prompt_``). Low-rank: V ~ U(-0.5, 0.5), U ~ N(0, 1/r), so an entry of C has
-the variance of U(-0.5, 0.5), 1/12, at any rank.
+Init (``INITS``, ``--idpg-bias-init``): ``normal``, c ~ N(0, 0.02^2), by default: where the authors'
+whole model starts c. Their encoder draws its bias tables (``nn.Embedding``) U(-0.5, 0.5), but their
+``RobertaModel.__init__`` then applies fairseq's ``init_bert_params`` to the whole model, which redraws
+every ``nn.Embedding`` N(0, 0.02^2) and zeroes every ``nn.Linear`` bias; the RoBERTa checkpoint holds no
+generator keys, so the redrawn values are what trains (docs/idpg.md, "Where training starts").
+``uniform``: U(-0.5, 0.5), their encoder's own draw (the start of runs made before this was found).
+``zero``: c = 0, S-IDPG-DNN's start (its c is the bias of an ``nn.Linear`` in their code).
+Low-rank: V drawn as c, U ~ N(0, 1/r), so an entry of C has the variance of a full c at any rank.
 """
 
 import math
@@ -30,7 +35,20 @@ import torch.nn as nn
 
 from fairseq_idpg.errors import ConfigError
 
-from .soft_prompts import init_prompt_
+INITS = ("normal", "uniform", "zero")
+AUTHORS_STD = 0.02  # init_bert_params' N(0, 0.02^2)
+UNIFORM_SCALE = 0.5  # their encoder's U(-0.5, 0.5)
+
+
+def init_bias_(tensor, init="normal"):
+    """Draw output biases in place (``INITS``; the module docstring)."""
+    if init == "normal":
+        return nn.init.normal_(tensor, 0.0, AUTHORS_STD)
+    if init == "uniform":
+        return nn.init.uniform_(tensor, -UNIFORM_SCALE, UNIFORM_SCALE)
+    if init == "zero":
+        return nn.init.zeros_(tensor)
+    raise ConfigError(f"--idpg-bias-init must be one of {', '.join(INITS)}, got {init!r}")
 
 
 class LayerBiases(nn.Module):
@@ -40,19 +58,20 @@ class LayerBiases(nn.Module):
         count: K (1 for single-layer / shared, L for the per-layer "M version").
         size: t*d.
         rank: 0 for full biases; r > 0 for c_1..c_{K-1} = U V (needs K > 1).
+        init: how c (low rank: V) starts, one of ``INITS``.
     """
 
-    def __init__(self, count, size, rank=0):
+    def __init__(self, count, size, rank=0, init="normal"):
         super().__init__()
         if rank < 0 or (rank > 0 and count < 2):
             raise ConfigError(f"--idpg-layer-bias-rank {rank}: a low rank needs per-layer biases (K={count})")
         self.count, self.size, self.rank = count, size, rank
-        self.first = nn.Parameter(init_prompt_(torch.empty(size)))  # c_0
+        self.first = nn.Parameter(init_bias_(torch.empty(size), init))  # c_0
         if count > 1 and rank == 0:
-            self.rest = nn.Parameter(init_prompt_(torch.empty(count - 1, size)))
+            self.rest = nn.Parameter(init_bias_(torch.empty(count - 1, size), init))
         elif count > 1:
             self.mix = nn.Parameter(torch.empty(count - 1, rank).normal_(0, 1 / math.sqrt(rank)))  # U
-            self.basis = nn.Parameter(init_prompt_(torch.empty(rank, size)))  # V
+            self.basis = nn.Parameter(init_bias_(torch.empty(rank, size), init))  # V
 
     def forward(self):
         """All biases [K, size] (one matmul for the low-rank ones, once per model forward)."""
