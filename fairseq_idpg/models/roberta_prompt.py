@@ -24,7 +24,9 @@ says the length; docs/dpt.md lists them), plus ``deep-prompt-tuning-100``, the e
 (full, 100, deep), which no method trains. The default is ``dpt``.
 
 Every prompt tensor starts U(-0.5, 0.5) by default (``--prompt-init``, ``--prompt-init-scale``), as
-the authors' DPT code and IDPG's prompt biases do. ``--prompt-init vocab`` starts P from l rows of
+the authors' DPT code does; IDPG Table 1's prompt records (``prompt-tuning-5``, ``-134``, ``p-tuning-v2-5``)
+start N(0, 0.02^2), where the IDPG authors' whole model starts its prompts (their ``init_bert_params``).
+``--prompt-init vocab`` starts P from l rows of
 the frozen token embeddings once the backbone is loaded (Lester et al. 2021 section 3; PEFT's
 RANDOM_DISCRETE; DPT: their best rank-b approximation A B; ``--prompt-init-top-tokens N`` draws
 from the first N ordinary dictionary entries, Lester's 5,000 most frequent for RoBERTa's

@@ -14,9 +14,9 @@ module               P                                                trainable
 ===================  ===============================================  ========================
 
 Initialisation (``INITS``): U(-scale, scale) with scale 0.5 for every prompt tensor and factor, as
-in the authors' DPT code (``init_prefix_weights``) and IDPG's prompt biases c, so that prompt
-tuning keeps one distribution whichever paper's preset builds it; N(0, scale^2) is the option
-matching DPT's "Gaussian". Two starts that the long-prompt recipes use (docs/long-prompts.md):
+in the authors' DPT code (``init_prefix_weights``); N(0, scale^2) is the option matching DPT's
+"Gaussian", and with scale 0.02 where the IDPG authors' whole model starts its prompts (IDPG Table 1's
+prompt records, ``methods.IDPG_START``). Two starts that the long-prompt recipes use (docs/long-prompts.md):
 
 - ``vocab``: P starts as l rows of the frozen token-embedding table (``sample_vocab_rows``):
   Lester et al. 2021 section 3 / google-research/prompt-tuning ``from_sampled_vocab.gin``,
