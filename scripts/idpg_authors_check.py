@@ -536,13 +536,17 @@ def save_fixture(encoder_cls, out_dir, checkout):
     fixture = dict(config=FIXTURE, tokens=batch[0], labels=batch[1], backbone_sum=digest, cases=cases)
     fixture.update(pair_tokens=pair_batch[0], pair_labels=pair_batch[1])
     torch.save(fixture, out_dir / "outputs.pt")
-    provenance = dict(
-        repo="github:CSerxy/IDPG", commit=authors_commit(checkout), config=FIXTURE,
-        command="PYTHONPATH=. python3 scripts/idpg_authors_check.py --idpg-authors /tmp/idpg-authors "
-        "--save-fixture tests/data/idpg_authors",
-    )  # fmt: skip
-    (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    write_provenance(out_dir, checkout, "idpg_authors_check.py", config=FIXTURE)
     return out_dir / "outputs.pt"
+
+
+def write_provenance(out_dir, checkout, script, **fields):
+    """``out_dir``/provenance.json of a fixture of their side: repository, commit, the command that wrote it."""
+    provenance = dict(
+        repo="github:CSerxy/IDPG", commit=authors_commit(checkout), **fields,
+        command=f"PYTHONPATH=. python3 scripts/{script} --idpg-authors /tmp/idpg-authors --save-fixture {out_dir}",
+    )  # fmt: skip
+    (Path(out_dir) / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
 
 
 def backbone_sum(model_file):

@@ -110,7 +110,6 @@ def their_args(model_module, method, dims, ours):
                       generation_quaternions=generator[0], phm_bottleneck_dim=generator[1], glove=None)  # fmt: skip
     if method in ABLATIONS:
         vars(args).update(ABLATIONS[method][2])
-    model_module.base_architecture(args)
     return args
 
 
@@ -119,7 +118,7 @@ def build_their_model(model_module, method, backbone, ours):
     init_bert_params), the task's classification head, then the checkpoint loaded with strict=False."""
     model_file, dictionary, dims = backbone
     args = their_args(model_module, method, dims, ours)
-    model_module.base_architecture(args)
+    model_module.base_architecture(args)  # their arch's defaults for what the flags leave unset
     task = types.SimpleNamespace(source_dictionary=dictionary)
     model = model_module.RobertaModel.build_model(args, task)
     model.register_classification_head(HEAD, num_classes=2)

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import sys
 import tempfile
@@ -605,13 +604,9 @@ def save_fixture(out_dir, theirs, values, digest, backbone_sum, checkout, config
         )  # fmt: skip
     fixture = dict(config=config, data_md5=digest, backbone_sum=backbone_sum, cases=cases)
     torch.save(fixture, out_dir / "trained.pt")
-    provenance = dict(
-        repo="github:CSerxy/IDPG", commit=check.authors_commit(checkout), config=config, data_md5=digest,
-        data=f"../shared/data/glue/SST-2: the first {config['rows']} train rows, {config['dev_rows']} dev rows",
-        command="PYTHONPATH=. python3 scripts/idpg_authors_training_check.py --idpg-authors /tmp/idpg-authors "
-        "--save-fixture tests/data/idpg_authors_training",
-    )  # fmt: skip
-    (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    data = f"GLUE SST-2: the first {config['rows']} train rows, {config['dev_rows']} dev rows"
+    script = "idpg_authors_training_check.py"
+    check.write_provenance(out_dir, checkout, script, config=config, data_md5=digest, data=data)
     return out_dir / "trained.pt"
 
 
