@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -194,24 +195,24 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
             pass_fds=() if hold is None else tuple(hold) if isinstance(hold, (list, tuple)) else (hold,),
             **child_process_options(),
         )
+        interrupted = threading.Event()
+
+        def on_interrupt(signum, frame):
+            # Ctrl-C: a terminal sends it to the command too, so let the command finish its log and exit, and
+            # read what it prints meanwhile; if only this process was interrupted, pass it on after 5 s. A
+            # handler (not a KeyboardInterrupt caught around readline) holds wherever in the loop it lands.
+            if interrupted.is_set():
+                proc.send_signal(signal.SIGINT)  # a second Ctrl-C: at once
+                return
+            interrupted.set()
+            passing_on = threading.Timer(5, lambda: proc.poll() is None and proc.send_signal(signal.SIGINT))
+            passing_on.daemon = True
+            passing_on.start()
+
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
-        interrupted = False
+        previous_interrupt = signal.signal(signal.SIGINT, on_interrupt)
         try:
-            while True:
-                try:
-                    line = proc.stdout.readline()
-                except KeyboardInterrupt:
-                    # Ctrl-C: a terminal sends it to the command too; read what it prints until it exits
-                    interrupted = True
-                    try:
-                        proc.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        proc.send_signal(signal.SIGINT)  # only run.sh was interrupted: pass it on
-                    except KeyboardInterrupt:
-                        pass
-                    continue
-                if not line:
-                    break
+            for line in iter(proc.stdout.readline, ""):
                 f.write(line)
                 f.flush()
                 lines.append(line)
@@ -225,7 +226,8 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
-    if interrupted or code in (-signal.SIGINT, -signal.SIGTERM, 130):
+            signal.signal(signal.SIGINT, previous_interrupt)
+    if interrupted.is_set() or code in (-signal.SIGINT, -signal.SIGTERM, 130):
         raise RunError(f"interrupted; {log} keeps the output; the same command resumes")
     if code == 2 and refused is not None:
         raise Refused(refused.split(": error: ", 1)[1].strip())
