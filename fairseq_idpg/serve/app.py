@@ -6,7 +6,8 @@
     GET  /health    -> {"status": "ok", "backbone": ..., "tasks": {name: {arch, labels, pair, group}}, ...}
 
 A regression task answers ``{"score": x}`` per sentence. A bad request gets a 4xx and ``{"error": "..."}``: 400
-(not JSON), 404 (unknown task), 413 (body, request or sentence too large), 422 (wrong types, empty input, a
+(not UTF-8, not JSON, nested too deeply), 404 (unknown task or route), 405 (a route's other method), 413 (body,
+request or sentence too large; the body is read no further than its limit), 422 (wrong types, empty input, a
 single sentence for a pair task); never a 500.
 """
 
@@ -14,6 +15,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from fairseq_idpg.hub.multitask import InputTooLong
 
@@ -40,6 +43,18 @@ def build_app(model, limits=None, max_batch_rows=64, max_wait=0.005):
     async def bad_request(request, error):
         return JSONResponse({"error": error.message}, status_code=error.status)
 
+    @app.exception_handler(HTTPException)
+    async def routing_error(request, error):
+        """FastAPI's own errors (no route, another method) in the service's ``{"error": ...}`` form."""
+        where = f"{request.method} {request.url.path}"
+        if error.status_code == 404:
+            message = f"{where}: no such route; the routes are POST /predict and GET /health"
+        elif error.status_code == 405:
+            message = f"{where}: method not allowed; use {(error.headers or {}).get('Allow', 'another')}"
+        else:
+            message = f"{where}: {error.detail}"
+        return JSONResponse({"error": message}, status_code=error.status_code, headers=error.headers)
+
     @app.get("/health")
     async def health():
         return {
@@ -52,10 +67,7 @@ def build_app(model, limits=None, max_batch_rows=64, max_wait=0.005):
 
     @app.post("/predict")
     async def predict(request: Request):
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise RequestError(413, f"request body of {declared} bytes; at most {limits.max_body_bytes}")
-        is_list, items = parse(await request.body(), limits)
+        is_list, items = parse(await body(request, limits.max_body_bytes), limits)
         names, rows = [], []
         for i, (task, sentences) in enumerate(items):
             where = f"request {i}: " if is_list else ""
@@ -72,6 +84,24 @@ def build_app(model, limits=None, max_batch_rows=64, max_wait=0.005):
         return answers if is_list else answers[0]
 
     return app
+
+
+async def body(request, limit):
+    """The request's body, read no further than ``limit`` bytes: a larger one is a 413 as soon as it is seen
+    (its Content-Length, or its bytes as they arrive when it sends none)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body of {declared} bytes; at most {limit}")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"request body of more than {limit} bytes; at most {limit}")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away before its request body ended") from None
+    return b"".join(chunks)
 
 
 def encoded(model, task, sentence, where):

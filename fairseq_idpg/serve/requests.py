@@ -27,9 +27,15 @@ def parse(body: bytes, limits: Limits):
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, f"request body of {len(body)} bytes; at most {limits.max_body_bytes}")
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(400, f"request body is not UTF-8 (byte {error.start}: 0x{body[error.start]:02x})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
         raise RequestError(400, f"request body is not JSON ({error})") from None
+    except RecursionError:  # the parser's own limit (~1000 levels); a request needs 4
+        raise RequestError(400, "request body nests lists or objects too deeply (a request needs 4 levels)") from None
     is_list = isinstance(value, list)
     items = value if is_list else [value]
     if not items:
@@ -68,5 +74,8 @@ def _kind(value):
     """What a JSON value is, for a message (its type, and the value when it is short)."""
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     name = names.get(type(value), "a number")
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except RecursionError:  # a value nested nearly as deep as the parser allows
+        return name
     return name if len(text) > 40 or value is None else f"{name} {text}"
