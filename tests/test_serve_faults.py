@@ -209,12 +209,7 @@ def own_model(tiny4, run, data):
     ).eval()  # fmt: skip
 
 
-# A prompted task (M-IDPG, prompt tuning) refuses its 5 longest inputs: fairseq_idpg/hub/attached.py subtracts
-# the prompt's length from max_positions(), which already leaves it out (502 taken, the run's own model 507).
-PROMPT_COUNTED_TWICE = pytest.mark.xfail(strict=True, reason="the prompt's length subtracted twice (hub/attached.py)")
-
-
-@pytest.mark.parametrize("task", ["sst2", *(pytest.param(t, marks=PROMPT_COUNTED_TWICE) for t in ("mi", "nli"))])
+@pytest.mark.parametrize("task", ["sst2", "mi", "nli"])  # LoRA, M-IDPG and prompt tuning: prompts counted once
 def test_the_longest_input_is_the_one_the_tasks_own_model_takes(service, tiny4, runs, task):
     """A prompt's positions are counted once: the service takes every input the run's own hub model scores, with
     its probabilities, and refuses the first one it cannot."""

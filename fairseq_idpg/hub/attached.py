@@ -23,7 +23,7 @@ from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.models.frozen_roberta import FrozenBackboneRobertaModel
-from fairseq_idpg.tasks.model_protocol import inserted_tokens, task_info, task_is_pair
+from fairseq_idpg.tasks.model_protocol import task_info, task_is_pair
 
 HEAD = "sentence_classification_head"  # the head fairseq-train registers (--classification-head-name)
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +115,7 @@ def load_run(name, run, backbone, checkpoint=None, data=None, head=HEAD, **overr
         arch=model.args.arch,
         key=method_key(model, head),
         state=state,
-        max_tokens=model.max_positions() - inserted_tokens(model),
+        max_tokens=model.max_positions(),  # a prompted model's max_positions() leaves its prompt out already
     )
     return task, model
 
