@@ -332,7 +332,7 @@ SPEC_RUN_NAMES = {
     "examples/study/standin-dpt-glue.yaml": "c484166c3823",
     "examples/study/standin-fewshot.yaml": "26b5d6713e6d",
     "examples/study/standin-fused-dropout.yaml": "e69d0ae46033",
-    "examples/study/standin-idpg-start.yaml": "6f6c1d09b4d5",
+    "examples/study/standin-idpg-start.yaml": "a61fce1cc5c0",  # SST-2 and CR added (MR's names kept)
     "examples/study/standin-inducer-diagnosis.yaml": "caace858e830",
     "examples/study/standin-inducer-nlu.yaml": "f5233eb90d06",
     "examples/study/standin-sidpg-diagnosis.yaml": "b05ab13a1d0b",
