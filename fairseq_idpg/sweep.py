@@ -262,6 +262,30 @@ def load_spec(path, model=None, tasks=None, methods=None, seeds=None, max_update
     return spec
 
 
+class DuplicateKey(Exception):
+    """A mapping of the specification names a key twice."""
+
+
+def _unique_keys_loader():
+    """YAML's safe loader, refusing a key written twice in one mapping: PyYAML keeps the last one silently,
+    so a second ``seeds:`` would replace the first unseen."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise DuplicateKey(f"line {line}: the key {key!r} is written twice in one mapping (keep one)")
+                if isinstance(key, (str, int, float, bool)):
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
 def _read_spec(path):
     """The YAML mapping, its keys checked."""
     import yaml
@@ -269,7 +293,9 @@ def _read_spec(path):
     if not path.is_file():
         raise SweepError(f"{path}: no such specification file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_unique_keys_loader())
+    except DuplicateKey as e:
+        raise SweepError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise SweepError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -137,14 +137,24 @@ def test_a_spec_number_that_cannot_be_right_is_one_line_naming_the_file_and_key(
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_sweep_sh_refuses_an_infinite_lr_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: [.inf]\n", f"lora: lrs: inf {VALID_LR}"),
+        (
+            "name: s\ntasks: [RTE]\nseeds: [1]\nmethods: [lora]\nseeds: [1, 2]\n",
+            "line 5: the key 'seeds' is written twice in one mapping (keep one)",
+        ),
+    ],
+)
+def test_sweep_sh_refuses_a_bad_spec_in_one_line(tmp_path, text, said):
     """As a user runs it: scripts/sweep.sh SPEC --dry-run, exit 2, one line, nothing written."""
-    path = write_spec(tmp_path, "name: s\ntasks: [RTE]\nmethods: [lora]\nlrs: [.inf]\n")
+    path = write_spec(tmp_path, text)
     run = subprocess.run(
         ["bash", str(REPO / "scripts" / "sweep.sh"), str(path), "--dry-run"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
-    assert run.returncode == 2 and run.stderr.splitlines() == [f"sweep: error: {path}: lora: lrs: inf {VALID_LR}"]
+    assert run.returncode == 2 and run.stderr.splitlines() == [f"sweep: error: {path}: {said}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
@@ -162,6 +172,9 @@ def test_sweep_sh_refuses_an_infinite_lr_in_one_line(tmp_path):
         ("name: s\ntasks: [RTE]\nmethods: [lora]\nbudget: half\n", "budget 'half'; valid: full"),
         ("name: s\nmethods: [lora]\n", "'tasks' is missing"),
         ("name: s\ntasks: [RTE\n", "not valid YAML"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nseeds: [1]\nseeds: [2]\n", "line 5: the key 'seeds' is written"),
+        ("name: s\ntasks: [RTE]\nmethods: [lora]\nmax_update: 3\nmax_update: 4\n", "line 5: the key 'max_update' is"),
+        ("name: s\ntasks: [RTE]\nmethods:\n  - {method: lora, label: a, label: b}\n", "line 4: the key 'label' is"),
         ("name: s\ntasks: [RTE]\nmethods: [{method: lora, lr: 1}]\n", "unknown key 'lr'"),
         (
             "name: s\ntasks: [RTE]\nmethods: [lora]\nargs: [--total-batch, x]\n",
