@@ -69,6 +69,21 @@ def test_issue_dry_run_inducer_lora_mnli_roberta_large(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_the_budget_line_shows_the_values_fairseq_flags_give(tmp_path):
+    """run.sh RTE ... --dropout 0 --clip-norm=0.5: the budget line says what the run uses, not the recipe."""
+    out = subprocess.run(
+        ["bash", str(RUN_SH), "RTE", "--method", "lora", "--dry-run", "--work-dir", str(tmp_path), "--dropout", "0",
+         "--clip-norm=0.5"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    budget = next(line for line in out.stdout.splitlines() if line.startswith("budget: "))
+    assert "clip 0.5 (given), weight decay 0.1, dropout 0 (given), selection" in budget, budget
+    command = next(line for line in out.stdout.splitlines() if "fairseq_idpg.launch" in line)
+    words = command.split()  # after the recipe's own --dropout 0.1: argparse takes the last
+    assert words[len(words) - 1 - words[::-1].index("--dropout") + 1] == "0" and "--clip-norm=0.5" in words
+
+
 @pytest.mark.parametrize(
     "method,task,expected",
     [

@@ -102,10 +102,27 @@ def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_fre
     )  # fmt: skip
 
 
+def given(extra, flag):
+    """The value the fairseq flags ``extra`` give ``flag`` (the last, as argparse takes it), or None."""
+    value = None
+    for i, word in enumerate(extra):
+        if word == flag and i + 1 < len(extra):
+            value = extra[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
 def budget_line(budget, recipe, extra=()):
-    """The budget line: batch and its layout, epochs and updates, lr and schedule, selection."""
+    """The budget line: batch and its layout, epochs and updates, lr and schedule, selection; a setting that a
+    fairseq flag in ``extra`` overrides shows the flag's value, marked "(given)"."""
     b, decay = budget, recipe.scheduler == "polynomial_decay"
-    overridden = [f for f in ("--clip-norm", "--lr-scheduler", "--warmup-updates", "--weight-decay") if f in extra]
+    overridden = [f for f in ("--lr-scheduler", "--warmup-updates") if given(extra, f) is not None]
+
+    def setting(name, flag, value):
+        said = given(extra, flag)
+        return f"{name} {value}" if said is None else f"{name} {said} (given)"
+
     return (
         f"batch {b.batch} ({b.batch_size} per device x {b.batch // b.batch_size // b.update_freq} device(s) x "
         f"update-freq {b.update_freq}), "
@@ -114,7 +131,9 @@ def budget_line(budget, recipe, extra=()):
         + (f", head lr {b.head_lr:g}" if b.head_lr is not None else "")
         + f" ({recipe.scheduler}"
         + (f", warmup {recipe.warmup:.0%} = {b.warmup_updates:,} updates" if decay else "")
-        + f"), clip {recipe.clip_norm}, weight decay {recipe.weight_decay:g}, dropout {recipe.dropout:g}, "
+        + f"), {setting('clip', '--clip-norm', recipe.clip_norm)}, "
+        + f"{setting('weight decay', '--weight-decay', f'{recipe.weight_decay:g}')}, "
+        + f"{setting('dropout', '--dropout', f'{recipe.dropout:g}')}, "
         + f"selection on {b.select} ({SPLIT_NAMES.get(b.select, b.select)}) by {b.metric}"
         + (f" (flags given override {', '.join(overridden)})" if overridden else "")
     )
