@@ -5,7 +5,7 @@ import dataclasses
 import re
 from typing import Optional
 
-from fairseq_idpg.errors import RunError
+from fairseq_idpg.errors import RunError, flag_value
 
 STANDIN_UPDATES = 300  # the stand-in's smoke budget (a CPU can run it)
 
@@ -102,25 +102,14 @@ def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_fre
     )  # fmt: skip
 
 
-def given(extra, flag):
-    """The value the fairseq flags ``extra`` give ``flag`` (the last, as argparse takes it), or None."""
-    value = None
-    for i, word in enumerate(extra):
-        if word == flag and i + 1 < len(extra):
-            value = extra[i + 1]
-        elif word.startswith(flag + "="):
-            value = word.split("=", 1)[1]
-    return value
-
-
 def budget_line(budget, recipe, extra=()):
     """The budget line: batch and its layout, epochs and updates, lr and schedule, selection; a setting that a
     fairseq flag in ``extra`` overrides shows the flag's value, marked "(given)"."""
     b, decay = budget, recipe.scheduler == "polynomial_decay"
-    overridden = [f for f in ("--lr-scheduler", "--warmup-updates") if given(extra, f) is not None]
+    overridden = [f for f in ("--lr-scheduler", "--warmup-updates") if flag_value(extra, f) is not None]
 
     def setting(name, flag, value):
-        said = given(extra, flag)
+        said = flag_value(extra, flag)
         return f"{name} {value}" if said is None else f"{name} {said} (given)"
 
     return (
