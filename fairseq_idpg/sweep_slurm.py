@@ -146,11 +146,14 @@ class RunTask:
     def __init__(self):
         self.proc = None
 
-    def __call__(self, argv, log, cwd):
+    def __call__(self, argv, log, cwd, env=None):
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} slurm job {_job_id()}\n")
             f.flush()
-            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, **child_process_options())
+            environment = {**os.environ, **(env or {})}
+            self.proc = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=environment, **child_process_options()
+            )
             code = self.proc.wait()
         if code and code != IN_USE_EXIT:
             from fairseq_idpg.sweep import tail
@@ -158,7 +161,7 @@ class RunTask:
             raise RuntimeError(f"the run (python -m {argv[2]}) exited with {code}; {log}:\n{tail(log)}")
         return code
 
-    def checkpoint(self, argv, log, cwd):
+    def checkpoint(self, argv, log, cwd, env=None):
         """Stop the run (the main job passes SIGTERM on to fairseq-train; its checkpoints stay) and return
         the same call for the requeued job."""
         from submitit.helpers import DelayedSubmission
@@ -174,7 +177,7 @@ class RunTask:
             f.write(
                 f"# slurm job {_job_id()}: time limit near or preempted: requeued, resumes from checkpoint_last.pt\n"
             )
-        return DelayedSubmission(RunTask(), argv, log, cwd)
+        return DelayedSubmission(RunTask(), argv, log, cwd, env)
 
 
 def _job_id():
@@ -208,6 +211,17 @@ def executor(opts, sweep_dir):
     return ex
 
 
+def run_environment(opts):
+    """What a run's process gets on its node, as the local executor gives it: torch's CPU threads from
+    --cpus-per-run (Slurm bounds the CPUs a job may use, not the threads torch starts: a 1-CPU job ran 2, and
+    thread count changes a run's sums, so its tensors), and no GPU for a CPU run."""
+    threads = str(opts.cpus_per_run)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if not opts.gpus_per_run:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 def submitted_file(sweep_dir):
     return Path(sweep_dir) / "slurm" / "submitted.json"
 
@@ -225,7 +239,8 @@ def submit(pending, opts, sweep_dir, units=None):
     logs = Path(sweep_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ex.batch():
-        jobs = [ex.submit(RunTask(), unit_command(unit, opts), str(logs / f"{unit[0][0].name}.log"), str(REPO))
+        env = run_environment(opts)
+        jobs = [ex.submit(RunTask(), unit_command(unit, opts), str(logs / f"{unit[0][0].name}.log"), str(REPO), env)
                 for unit in units]  # fmt: skip
     path = submitted_file(sweep_dir)
     known = json.loads(path.read_text()) if path.is_file() else {}

@@ -63,6 +63,50 @@ def refused(capsys, argv):
 SPEC = "name: s\nmodel: standin\ntasks: [RTE]\nmethods: [lora]\nlrs: recipe\nseeds: [1]\nmax_update: {updates}\n"
 
 
+# ---------------------------------------------------------------------------------------- a run's environment
+THREADS = "import os, torch; print('threads', torch.get_num_threads(), repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+
+
+def test_an_array_task_runs_with_the_threads_of_its_cpus(slurm, tmp_path, monkeypatch):
+    """A job of --cpus-per-run 1 runs torch on 1 thread, with no GPU, as the local executor's slot would (Slurm
+    bounds the CPUs, not the threads torch starts: without it, the job ran as many threads as the node's cores)."""
+    from types import SimpleNamespace
+
+    from fairseq_idpg import sweep_slurm
+
+    opts = SimpleNamespace(time=5, gpus_per_run=0, cpus_per_run=1, array_parallelism=2, mem=None, partition=None,
+                           account=None, qos=None, constraint=None)  # fmt: skip
+    ex = sweep_slurm.executor(opts, tmp_path)
+    logs = {env: tmp_path / f"{env}.log" for env in ("given", "none")}
+    jobs = [ex.submit(sweep_slurm.RunTask(), [sys.executable, "-c", THREADS], str(logs["given"]), str(REPO),
+                      sweep_slurm.run_environment(opts)),
+            ex.submit(sweep_slurm.RunTask(), [sys.executable, "-c", THREADS], str(logs["none"]), str(REPO),
+                      {"CUDA_VISIBLE_DEVICES": "x"})]  # fmt: skip
+    assert [job.result() for job in jobs] == [0, 0]
+    assert logs["given"].read_text().splitlines()[-1] == "threads 1 ''"
+    assert logs["none"].read_text().splitlines()[-1] == f"threads {torch.get_num_threads()} 'x'"
+    assert torch.get_num_threads() > 1  # this machine's default: the test tells the two apart
+
+    submitted = []
+
+    class Recording:  # what sweep_slurm.submit hands every job, without a cluster
+        def batch(self):
+            return __import__("contextlib").nullcontext()
+
+        def submit(self, *args):
+            submitted.append(args)
+            return SimpleNamespace(job_id=str(len(submitted)))
+
+    monkeypatch.setattr(sweep_slurm, "executor", lambda opts, sweep_dir: Recording())
+    monkeypatch.setattr(sweep, "unit_command", lambda unit, opts: ["run", unit[0][0].name])
+    runs = [(SimpleNamespace(name=f"r{i}"), None) for i in range(2)]
+    more = SimpleNamespace(**{**vars(opts), "cpus_per_run": 3}, fuse=None)
+    sweep_slurm.submit(runs, more, tmp_path, units=[[r] for r in runs])
+    assert [args[-1] for args in submitted] == [
+        {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "CUDA_VISIBLE_DEVICES": ""}
+    ] * 2
+
+
 # ---------------------------------------------------------------------------------------- bad input
 def test_no_sbatch_on_path_is_one_line(tmp_path, monkeypatch, capsys):
     spec = tmp_path / "spec.yaml"
