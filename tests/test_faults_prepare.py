@@ -98,6 +98,31 @@ def test_ctrl_c_is_one_line_and_the_same_command_resumes_to_the_same_files(tmp_p
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if out not in p.parents and p != out) == before
 
 
+def test_an_interrupted_preparation_removes_what_it_left_under_a_temporary_name(tmp_path):
+    """However late the signal lands (between a temporary's creation and its cleanup), the interrupted
+    preparation's last step removes its temporaries and keeps its finished parts."""
+    import importlib
+    from types import SimpleNamespace
+
+    prepare = importlib.import_module("fairseq_idpg.preprocessing.prepare")  # the module, not the function
+    out = tmp_path / "data" / "SST-2"
+    out.parent.mkdir(parents=True)
+    parts = Parts.open(out, "key-1", log=print)
+    parts.make("text/train.input0.0000", lambda path: path.write_text("1 2 3\n"))
+    left = [parts.folder / "text" / ".train.input0.0001.abc.tmp", parts.folder / ".input0.def.tmp" / "train.bin"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    binarized = out.parent / f".SST-2.{prepare._host()}.{os.getpid()}.ghi.tmp"
+    binarized.mkdir()
+    other = out.parent / ".SST-2.otherhost.1.jkl.tmp"  # another process's, maybe running: kept
+    other.mkdir()
+    said = prepare._interrupted(SimpleNamespace(name="SST-2"), out, parts)
+    assert said.startswith("interrupted: prepare_data SST-2 --out ") and "1 finished part(s) kept" in said
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.tmp")) == ["data/.SST-2.otherhost.1.jkl.tmp"]
+    assert parts.kept() == ["text/train.input0.0000"] and parts.finished("text/train.input0.0000")
+
+
 def test_a_part_changed_after_its_marker_is_made_again(tmp_path):
     parts = Parts.open(tmp_path / "bin", "key-1", log=print)
     parts.make("text/train.input0.0000", lambda path: path.write_text("1 2 3\n"))

@@ -111,6 +111,14 @@ class Parts:
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def remove_temporaries(self) -> None:
+        """Remove what an interrupted ``make`` left under a temporary name (``.NAME.xxxx.tmp``): a signal landing
+        between a temporary's creation and its cleanup leaves it, however short that window (on a loaded machine
+        it was hit). Called once the preparation has stopped, so no part is being written."""
+        if self.folder.is_dir():
+            for path in sorted(self.folder.rglob(".*.tmp"), reverse=True):
+                _remove(path)
+
 
 def summary(names: List[str], most: int = 4) -> str:
     shown = ", ".join(names[:most])

@@ -123,7 +123,12 @@ def _build(spec: TaskSpec, splits, out: Path, parts: Parts, info: TaskInfo, enco
 
 
 def _interrupted(spec: TaskSpec, out: Path, parts: Optional[Parts]) -> str:
-    """The one line an interrupted preparation ends with; a parts folder with nothing finished is removed."""
+    """The one line an interrupted preparation ends with; what it left under a temporary name is removed (its
+    binarized folder's, its parts'), and a parts folder with nothing finished."""
+    for leftover in out.parent.glob(f".{out.name}.{_host()}.{os.getpid()}.*.tmp"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if parts is not None:
+        parts.remove_temporaries()
     kept = parts.kept() if parts is not None else []
     if not kept:
         if parts is not None:
