@@ -139,3 +139,29 @@ def test_roberta_base_trains_saves_reloads_validates_and_exports(base, name):
     else:
         assert set(state["model"]) == set(model.state_dict())
     print(f"{name}: {body:,} trained at roberta-base, compact {compact.stat().st_size / 2**20:.1f} MB", file=sys.stderr)
+
+
+def test_meta_builds_draw_nothing_and_never_import_the_compiler():
+    """Every record built at roberta.large size on the meta device (counts, run.sh's check before training) in a
+    fresh interpreter: no random fill runs (a meta tensor has no values), so torch._dynamo, which torch's meta
+    fills import on their first call (4-7 s of CPU in each such process), is never imported."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from fairseq_idpg.errors import ConfigError\n"
+        "from fairseq_idpg.methods import METHODS\n"
+        "from fairseq_idpg.models.build import ROBERTA_LARGE, build_method\n"
+        "from fairseq.data import Dictionary\n"
+        "built = 0\n"
+        "for name, method in METHODS.items():\n"
+        "    try:\n"
+        "        build_method(method, Dictionary(), meta=True, **ROBERTA_LARGE); built += 1\n"
+        "    except ConfigError:\n"
+        "        pass  # a record that needs files (GloVe vectors)\n"
+        "print(built, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    built, imported = out.stdout.split()[-2:]
+    assert int(built) >= len(METHODS) - 2 and imported == "False", out.stdout[-500:]

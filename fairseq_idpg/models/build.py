@@ -49,10 +49,29 @@ def build_model(arch, dictionary, info=None, meta=False, **options):
         return model_cls.build_model(args, stub_task(dictionary, info))
 
 
+class _NoFillsOnMeta(torch.overrides.TorchFunctionMode):
+    """In-place random fills of meta tensors skipped: a meta tensor has no values to fill, and torch implements
+    these (normal_, the clamp_ and erfinv_ of a truncated normal, ...) for meta in Python under a dynamo guard,
+    whose first call imports torch._dynamo (4-7 s of CPU in every process that only counts or checks)."""
+
+    FILLS = {getattr(torch.Tensor, name) for name in ("normal_", "uniform_", "erfinv_", "clamp_", "clamp_min_",
+             "clamp_max_", "exponential_", "log_normal_", "cauchy_", "geometric_", "random_")}  # fmt: skip
+    # torch.nn.init's reach the mode as themselves (the tensor methods they call then bypass it)
+    FILLS |= {getattr(torch.nn.init, name) for name in ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_",
+              "kaiming_normal_", "xavier_uniform_", "xavier_normal_")}  # fmt: skip
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        filled = args[0] if args else kwargs.get("tensor", kwargs.get("input"))  # torch.nn.init's pass it by name
+        if func in self.FILLS and isinstance(filled, torch.Tensor) and filled.is_meta:
+            return filled
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def on_meta_device():
     """Models built inside have shapes without memory or values (counts; fairseq-train's checks before it runs)."""
-    with torch.device("meta"), warnings.catch_warnings():
+    with torch.device("meta"), _NoFillsOnMeta(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "for .*: copying from a non-meta parameter")  # a backbone: shapes only
         # fairseq's init_bert_params copies through the CPU, which meta tensors cannot; their values change no count
         with mock.patch("fairseq.models.roberta.model.init_bert_params", lambda module: None):

@@ -29,6 +29,8 @@ from fairseq_idpg.errors import ConfigError
 @torch.no_grad()
 def truncated_normal_(tensor, std):
     """``std * fmod(N(0, 1), 2)``: a Gaussian truncated (folded) at two standard deviations."""
+    if tensor.is_meta:  # no values to draw (models/build.py's meta builds: counts, checks)
+        return tensor
     tensor.copy_(torch.fmod(torch.randn_like(tensor), 2.0) * std)
     return tensor
 
