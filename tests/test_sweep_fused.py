@@ -46,8 +46,10 @@ ALONE = ALONE.replace("  - bitfit\n", "  - {method: bitfit, seeds: [1]}\n")
 METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora", "prefix-tuning", "bitfit")
 UPDATES = 3
 # a fused run's trained tensors against its lone run's: float rounding (the K runs' rows go through the backbone
-# as one batch, so its matmuls sum in another order)
-RTOL, ATOL = 1e-4, 5e-6
+# as one batch, so its matmuls sum in another order). Adam divides each grad by its own size: where a grad cancels
+# to near its eps, the rounding's relative error reaches the step (M-IDPG-PHM's A, lr 5e-3: one element of 4,096
+# 6.6e-6 apart after 3 updates from the authors' N(0, 0.02^2) start), so ATOL is 2e-3 of one step at lr 5e-3
+RTOL, ATOL = 1e-4, 1e-5
 # BitFit's key biases: their gradient is zero but for rounding (softmax ignores a shift of every score), so Adam
 # moves them by rounding noise (~1e-6, under ATOL) alone and fused alike: the one kind of tensor that need not move
 STILL = ("bitfit", "self_attn.k_proj.bias")
