@@ -46,3 +46,10 @@ def test_no_pairs_is_an_error_in_one_line(tmp_path, capsys):
     write_record(tmp_path / "b", seed=2, dev=80.0)
     assert main([str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_one_pair_has_no_verdict(tmp_path):
+    """A cell with one seed on both sides has no spread: neither "agree" nor "differ" (a sweep still running)."""
+    table, _ = paired(*sets(tmp_path, {1: 75.0}))
+    (row,) = table.to_dict("records")
+    assert (row["n"], row["difference"], row["verdict"]) == (1, 5.0, "one seed")

@@ -8,8 +8,8 @@ versions of the code) are two draws of one distribution where the two ways diffe
 draws (dropout masks). Each run of A is paired with the run of B of the same cell, lr, seed and data seed; per
 cell and lr, printed: both ways' reported score (mean +- std over the seeds), the paired difference B - A
 (mean +- std), the paired t-test's p (scipy's ``ttest_rel``) and the verdict: "agree" when the mean difference
-is within the seeds' spread (at most the larger of the two ways' std), else "differ". Runs found on one side
-only are listed and left out.
+is within the seeds' spread (at most the larger of the two ways' std), else "differ"; "one seed" where a cell has
+a single pair (no spread: no verdict). Runs found on one side only are listed and left out.
 """
 
 import argparse
@@ -47,7 +47,8 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> tuple:
                 "difference": mean,
                 "difference_std": runs["difference"].std(),
                 "p": p,
-                "verdict": "agree" if abs(mean) <= spread else "differ",
+                # one pair has no spread to hold the difference to: no verdict (nan would read as "differ")
+                "verdict": "one seed" if len(runs) < 2 else "agree" if abs(mean) <= spread else "differ",
             }
         )
     return pd.DataFrame(rows), lonely[KEY + ["_merge"]]
