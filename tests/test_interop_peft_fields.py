@@ -170,6 +170,10 @@ REFUSED_CASES = {
         dict(layers_to_transform=[0]),
         "with layers_to_transform [0] puts LoRA on query in 1 of 2 layers: ours has it in every layer",
     ),
+    "exclude_modules": (
+        dict(exclude_modules=["layer.1.attention.self.value"]),
+        "less exclude_modules ['layer.1.attention.self.value'] puts LoRA on value in 1 of 2 layers",
+    ),
     "rank_pattern": (dict(rank_pattern={"layer.1.attention.self.value": 4}), "different ranks or alphas"),
     "alpha_pattern": (dict(alpha_pattern={"value": 16}), "different ranks or alphas"),
     "another PEFT type": (dict(peft_type="IA3"), "a PEFT IA3 adapter; only LORA has our form here"),

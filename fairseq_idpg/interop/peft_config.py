@@ -141,6 +141,8 @@ def lora_modules(config, hf, names, layers, where):
     chosen = [n for n in names if targeted(config, n, linear)]
     ours = {hf.layer(i, f"attention.self.{m}"): t for i in range(layers) for t, m in LORA_MODULES.items()}
     spec = f"target_modules {config.get('target_modules')!r}"
+    if config.get("exclude_modules"):  # what it takes out shapes the selection: the refusal names it too
+        spec += f" less exclude_modules {config['exclude_modules']!r}"
     other = [n for n in chosen if n not in ours]
     if other or not chosen:
         what = f"selects {listed(other)}" if other else "selects no module"
@@ -148,8 +150,9 @@ def lora_modules(config, hf, names, layers, where):
     modules = {t: [n for n in chosen if ours[n] == t] for t in sorted(set(ours[n] for n in chosen))}
     for t, found in modules.items():
         if len(found) != layers:
+            given = config.get("layers_to_transform")
             raise NotExpressible(
-                f"{where}: {spec} with layers_to_transform {config.get('layers_to_transform')!r} puts LoRA on "
+                f"{where}: {spec}{'' if given is None else f' with layers_to_transform {given!r}'} puts LoRA on "
                 f"{LORA_MODULES[t]} in {len(found)} of {layers} layers: ours has it in every layer"
             )
     return modules
