@@ -10,13 +10,7 @@ import socket
 import sys
 import time
 
-from fairseq_idpg.errors import ConfigError
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        """One line (argparse prints its usage block first: nine lines above the one that matters)."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from fairseq_idpg.errors import ConfigError, one_line_errors
 
 
 def port_number(text):
@@ -30,7 +24,9 @@ def port_number(text):
 
 
 def parser():
-    p = Parser(prog="python -m fairseq_idpg.serve", description=__doc__.split("\n\n")[0])
+    p = one_line_errors(
+        argparse.ArgumentParser(prog="python -m fairseq_idpg.serve", description=__doc__.split("\n\n")[0])
+    )
     p.add_argument("--backbone", required=True, metavar="PATH", help="the frozen backbone (fairseq checkpoint)")
     p.add_argument("--task", action="append", required=True, metavar="NAME=RUN", help="a run folder or checkpoint")
     p.add_argument("--task-data", action="append", default=[], metavar="NAME=DATA", help="a task's prepared data")
