@@ -6,7 +6,7 @@
 #   eval "$(bash scripts/slurm_cluster.sh start)"   # install if missing, start (idempotent); prints the exports
 #   sbatch --wrap hostname; squeue                   # then any Slurm command, scripts/sweep.sh --executor slurm
 #   bash scripts/slurm_cluster.sh status             # "running" (exit 0) or "stopped" (exit 1)
-#   bash scripts/slurm_cluster.sh stop               # stop the three daemons (the state folder stays)
+#   bash scripts/slurm_cluster.sh stop               # stop the three daemons (a fresh start forgets their jobs)
 #
 # The cluster: one node (this machine's CPUs, no GPUs), one partition `debug` (the default, no time
 # limit), no accounting database (sacct does not work; finished jobs stay visible to squeue for a day).
@@ -96,6 +96,12 @@ start() {
     fi
     # start only what is not running: a controller restarted under running jobs finds them again
     write_conf
+    if ! alive slurmctld && ! alive slurmd; then
+        # a fresh start forgets the jobs of the last one: a job whose end the stopped daemons never exchanged is
+        # recovered as running and would hold the node's CPUs until its time limit
+        rm -rf "$DIR/ctld" "$DIR/d"
+        mkdir -p "$DIR/ctld" "$DIR/d"
+    fi
     if [[ ! -s $DIR/munge.key ]]; then
         dd if=/dev/urandom of="$DIR/munge.key" bs=1024 count=1 status=none
         chmod 600 "$DIR/munge.key"
