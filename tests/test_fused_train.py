@@ -134,6 +134,13 @@ def test_member_flags_are_checked_before_anything_runs(tmp_path):
         split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a --batch-size 4"])
     with pytest.raises(Exception, match="two members write --save-dir a; each run needs its own"):
         split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a", "--member", "--lr 2 --seed 2 --save-dir a"])
+    with pytest.raises(Exception, match="two members write --save-dir a and a/; each run needs its own"):
+        split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a", "--member", "--lr 2 --seed 2 --save-dir a/"])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    with pytest.raises(Exception, match=f"--save-dir {tmp_path}/b and {tmp_path}/link;"):
+        split_members(["data", "--member", f"--lr 1 --seed 1 --save-dir {tmp_path}/b",
+                       "--member", f"--lr 1 --seed 2 --save-dir {tmp_path}/link"])  # fmt: skip
     with pytest.raises(Exception, match="--seed is a member's own flag"):
         split_members(["data", "--seed", "3", "--member", "--lr 1 --seed 1 --save-dir a"])
     assert split_members(["data", "--fp16", "--member", "--lr 1 --seed 1 --save-dir a"]) == (

@@ -64,10 +64,12 @@ def split_members(argv):
                 f"{', '.join(MEMBER_FLAGS)} (give the rest once, for all)"
             )
         parsed.append(["--lr", known.lr, "--seed", known.seed, "--save-dir", known.save_dir])
-    dirs = [m[-1] for m in parsed]
-    twice = sorted({d for d in dirs if dirs.count(d) > 1})
+    # one folder however it is spelled (a, a/, ./a, a symlink to it): two members in it overwrite each other's runs
+    dirs = [os.path.realpath(m[-1]) for m in parsed]
+    twice = [m[-1] for m, d in zip(parsed, dirs, strict=True) if dirs.count(d) > 1]
     if twice:
-        raise ConfigError(f"--member: two members write --save-dir {twice[0]}; each run needs its own")
+        said = " and ".join(dict.fromkeys(twice))
+        raise ConfigError(f"--member: two members write --save-dir {said}; each run needs its own")
     for flag in MEMBER_FLAGS:
         if flag in shared:
             raise ConfigError(f"{flag} is a member's own flag: give it inside each --member, not once for all")
