@@ -162,6 +162,23 @@ def test_fine_tuning_is_refused_in_one_line(tiny, tiny_data, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_member_whose_folder_cannot_be_written_fails_alone(tiny, tiny_data, tmp_path):
+    """Its line on the console, the group's exit 1; the other member trains to its end as it would."""
+    data, dims = tiny_data
+    (tmp_path / "file").write_text("not a folder")
+    bad, good = tmp_path / "file" / "run", tmp_path / "good"
+    cmd = [sys.executable, "-m", "fairseq_idpg.fused.train", *shared_args("lora", data, dims, tiny.model_file)]
+    cmd += ["--member", f"--lr 1e-3 --seed 1 --save-dir {bad}", "--member", f"--lr 1e-3 --seed 2 --save-dir {good}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert f"  {bad}: --save-dir {bad} cannot be written: Not a directory ({bad})" in out.stdout.splitlines()
+    assert f"  {good}: finished" in out.stdout.splitlines()
+    saved = torch.load(good / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert saved["optimizer_history"][-1]["num_updates"] == 12
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
 def test_compiled_layers_are_refused_in_one_line(tiny, tiny_data, tmp_path, capsys):
     """Members run under vmap, which calls the layers' own code: --compile-layers would do nothing there."""
     from fairseq_idpg.fused.train import main

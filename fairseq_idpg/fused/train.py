@@ -295,13 +295,32 @@ def train_group(shared, members, count=None, round_starts=None):
 
 
 def train_configs(cfgs, count=None, round_starts=None):
-    """Train the members (their fairseq-train configurations) together (``train_group``)."""
+    """Train the members (their fairseq-train configurations) together (``train_group``). A member whose
+    --save-dir cannot be made or written fails alone, with that line, before the others start without it."""
+    unwritable = {i: line for i, cfg in enumerate(cfgs) if (line := _unwritable(cfg.checkpoint.save_dir))}
+    if not unwritable:
+        return _train_together(cfgs, count, round_starts)
+    healthy = [i for i in range(len(cfgs)) if i not in unwritable]
+    trained = _train_together([cfgs[i] for i in healthy], count, round_starts) if healthy else {}
+    return {**unwritable, **{healthy[j]: line for j, line in trained.items()}}
+
+
+def _unwritable(save_dir):
+    """None, or the line saying why a run's folder cannot be made or its train.log written."""
+    try:
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(save_dir) / "train.log", "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        return f"--save-dir {save_dir} cannot be written: {e.strerror or e} ({e.filename or save_dir})"
+    return None
+
+
+def _train_together(cfgs, count, round_starts):
     from unittest import mock
 
     import fairseq_cli.train  # noqa: F401  (imported before patching: the compat layer wraps it on import)
 
-    for cfg in cfgs:
-        Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
     group = FusedGroup([cfg.common.seed for cfg in cfgs], round_starts)
     if count is not None:
         group.count_round(*count)
