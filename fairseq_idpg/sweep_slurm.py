@@ -13,11 +13,13 @@ states until each ends.
   requeued job resumes the run from its ``checkpoint_last.pt`` (a group: each run from its own). A job requeued
   by the cluster (``scontrol requeue``, preemption) resumes the same way.
 - **Followed by Slurm's states** (``squeue``, which also lists finished jobs for a while; ``sacct`` when the
-  cluster has accounting), not by submitit's result files, which a requeued job rewrites: a job cancelled
-  with ``scancel`` is reported as cancelled, a failed one (a killed task, a node failure) as failed with its
-  state, and a controller that stops answering ends the sweep in one line; the jobs stay queued. The same
-  command again follows the jobs still queued or running (``sweeps/<name>/slurm/submitted.json``) instead of
-  submitting them twice, and submits the rest.
+  cluster has accounting), not by submitit's result files, which a requeued job rewrites: a run counts as running
+  while its job runs (a task held back by ``--array-parallelism`` is left), with the local executor's eta and
+  per-run lines (``sweep.SweepProgress``); a job cancelled with ``scancel`` is reported as cancelled (at the
+  update its checkpoint holds, where the next sweep resumes it), a failed one (a killed task, a node failure) as
+  failed with its state, and a controller that stops answering ends the sweep in one line; the jobs stay queued.
+  The same command again follows the jobs still queued or running (``sweeps/<name>/slurm/submitted.json``)
+  instead of submitting them twice, and submits the rest; with every run finished it needs no controller.
 """
 
 import json
@@ -35,6 +37,10 @@ from fairseq_idpg.run import IN_USE_EXIT, REPO, child_process_options, format_du
 # states of a job that will still run (or run again): the sweep waits for them
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
           "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED"}  # fmt: skip
+# of those, a job's run runs (or holds its slot); it waits in the queue (held back by --array-parallelism, requeued);
+# or it has ended and the job is cleaning up (reported once Slurm says how it ended)
+RUNNING = {"CONFIGURING", "RUNNING", "SIGNALING", "SUSPENDED", "STOPPED", "RESIZING"}
+QUEUED = ACTIVE - RUNNING - {"COMPLETING", "STAGE_OUT"}
 UNREACHABLE_POLLS = 3  # polls in a row without an answer before the sweep stops following
 
 
@@ -57,13 +63,17 @@ def _slurm(*argv, timeout=60):
 
 
 # ---------------------------------------------------------------------------------------- checks
-def preflight(opts):
-    """Refuse, in one line naming the flag, what the cluster cannot run; nothing is submitted yet."""
+def preflight(opts, defer=True):
+    """Refuse, in one line naming the flag, what the cluster cannot run; nothing is submitted yet. A controller
+    that does not answer is said only when a run is to be submitted or followed (``defer``: ``run_slurm`` asks
+    again), so a sweep whose runs all finished reports them without it."""
     if not (shutil.which("sbatch") and shutil.which("srun")):
         raise SweepError("--executor slurm: sbatch and srun not found on PATH (run it on a Slurm login node)")
     try:
         lines = _slurm("sinfo", "-h", "-o", "%P|%G|%c|%m|%l").split("\n")
     except ControllerDown as e:
+        if defer:
+            return
         raise SweepError(f"--executor slurm: the Slurm controller does not answer ({e})") from None
     parts = {}
     for line in filter(None, lines):
@@ -148,7 +158,10 @@ class RunTask:
 
     def __call__(self, argv, log, cwd, env=None):
         with open(log, "a", encoding="utf-8") as f:
-            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} slurm job {_job_id()}\n")
+            # Slurm counts the job's requeues (a preemption, scontrol requeue, the time limit's own)
+            restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+            again = f": requeued (restart {restarts}), resumes from checkpoint_last.pt" if restarts else ""
+            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} slurm job {_job_id()}{again}\n")
             f.flush()
             environment = {**os.environ, **(env or {})}
             self.proc = subprocess.Popen(
@@ -309,13 +322,15 @@ def job_states(ids):
 
 
 def follow(jobs, progress, failures, records, sweep_dir, poll=30):
-    """Wait for ``jobs`` [(run, plan, job id)], reporting each as it ends (Ctrl-C stops waiting, not the jobs)."""
-    from fairseq_idpg.sweep import record_finished, tail
-
+    """Wait for ``jobs`` [(run, plan, job id)], reporting each as it starts, is requeued and ends. A queued job
+    (pending, held back by --array-parallelism, requeued) is counted as left, not running; between polls, the
+    progress line's heartbeat (a line per running run after a minute without one). Ctrl-C stops waiting, not
+    the jobs."""
     waiting = {}  # job -> [(run, plan)]: a group's runs share their job
     for run, p, job in jobs:
         waiting.setdefault(job, []).append((run, p))
     logs = job_logs(sweep_dir)
+    began, running = {}, set()  # job -> when first seen running (its runs' time); the jobs counted running now
     unanswered = 0
     while waiting:
         try:
@@ -333,26 +348,87 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
         for job, runs in list(waiting.items()):
             state, reason = states.get(job, ("", ""))
             if state in ACTIVE:
+                _moved(job, runs, state, running, began, progress, sweep_dir)
                 continue
             del waiting[job]
-            for run, p in runs:
-                log = logs.get(job, Path(sweep_dir) / "logs" / f"{run.name}.log")
-                if p.finished:
-                    failures.set(run.name, None)
-                    record_finished(run, p, records, progress, f"{run.name} (job {job})")
-                elif state == "CANCELLED":
-                    failures.set(run.name, None)
-                    progress.update(cancelled=1, note=f"cancelled: {run.name} (job {job}, scancel); not run")
-                elif state == "COMPLETED" and _returned(job, sweep_dir) == IN_USE_EXIT:
-                    failures.set(run.name, None)
-                    progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
-                else:
-                    why = state or "no longer known to Slurm"
-                    why += f", {reason}" if reason and reason != "None" else ""
-                    failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
-                    progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
+            _moved(job, runs, state, running, began, progress, sweep_dir)
+            _count(progress, len(runs))  # the runs it reports as ended were running (between two polls, if unseen)
+            seconds = (progress.clock() - began[job]) / len(runs) if job in began else None
+            log = logs.get(job, Path(sweep_dir) / "logs" / f"{runs[0][0].name}.log")
+            _ended(job, runs, (state, reason), seconds, log, progress, failures, records, sweep_dir)
         if waiting:
-            time.sleep(poll)
+            _wait(progress, poll)
+
+
+def _moved(job, runs, state, running, began, progress, sweep_dir):
+    """A job seen starting (its runs counted running, watched for the heartbeat), back in the queue (requeued) or
+    ending: no longer counted running."""
+    from fairseq_idpg.sweep import watch
+
+    names = runs[0][0].name + (f" + {len(runs) - 1} fused" if len(runs) > 1 else "")
+    if state in RUNNING and job not in running:
+        running.add(job)
+        began.setdefault(job, progress.clock())
+        watch(progress, runs, sweep_dir)
+        progress.update(started=len(runs), note=f"start {names} (job {job})")
+    elif state not in RUNNING and job in running:
+        running.discard(job)
+        for run, _ in runs:
+            progress.unwatch(run.name)
+        if state in QUEUED:
+            progress.update(started=-len(runs), note=f"requeued: {names} (job {job}); resumes from its checkpoint")
+        else:
+            _count(progress, -len(runs))
+
+
+def _count(progress, n):
+    """``n`` more runs counted running, without a line: each run's end is said when Slurm says how it ended
+    (the array's next task may start meanwhile)."""
+    with progress.lock:
+        progress.running += n
+
+
+def _ended(job, runs, state, seconds, log, progress, failures, records, sweep_dir):
+    """Each run of a job that ended (Slurm's (state, reason); ``seconds``: each run's share of the job's time):
+    recorded, cancelled, in use elsewhere, or failed."""
+    from fairseq_idpg.sweep import record_finished, tail
+
+    state, reason = state
+    for run, p in runs:
+        if p.finished:
+            failures.set(run.name, None)
+            record_finished(run, p, records, progress, f"{run.name} (job {job})", seconds)
+        elif state == "CANCELLED":
+            failures.set(run.name, None)
+            progress.update(cancelled=1, note=cancelled_note(run, p, job))
+        elif state == "COMPLETED" and _returned(job, sweep_dir) == IN_USE_EXIT:
+            failures.set(run.name, None)
+            progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
+        else:
+            why = state or "no longer known to Slurm"
+            why += f", {reason}" if reason and reason != "None" else ""
+            failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
+            progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
+
+
+def cancelled_note(run, p, job):
+    """A cancelled run's line: the update its checkpoint_last.pt holds, where the next sweep resumes it (the
+    tensors are not read), or, with no checkpoint, not run."""
+    from fairseq_idpg_compat import resume_checkpoint
+
+    last = p.folder / "checkpoint_last.pt"
+    found, updates, _ = resume_checkpoint(last) if last.is_file() else (None, None, None)
+    if found is None:
+        return f"cancelled: {run.name} (job {job}, scancel); not run"
+    return f"cancelled: {run.name} (job {job}, scancel) at update {updates}; run the sweep again to resume it"
+
+
+def _wait(progress, poll):
+    """``poll`` seconds, the progress line's heartbeat on the way (it says nothing before a minute of silence)."""
+    end = time.monotonic() + poll
+    while (left := end - time.monotonic()) > 0:
+        progress.heartbeat()
+        time.sleep(min(left, 5))
 
 
 def _returned(job, sweep_dir):
@@ -372,15 +448,18 @@ def run_slurm(pending, opts, sweep_dir, progress, failures, records, measured, d
     others submitted (``--time`` checked first), all followed to their end."""
     from fairseq_idpg.sweep import fused_units
 
+    preflight(opts, defer=False)  # the controller, now that runs are to be submitted or followed
     alive, rest = pick_up(pending, sweep_dir)
     units = fused_units(rest, opts.fuse)
     check_time(units, opts, opts.model, measured, device)
     jobs = alive + submit(rest, opts, sweep_dir, units)
+    # the eta's parallel slots: the array's tasks at once (the queue may run fewer)
+    progress.slots = max(1, min(opts.array_parallelism, len({job for _, _, job in jobs})))
     fused = sum(len(unit) for unit in units if len(unit) > 1)
     note = f"submitted {len(units)} job(s)" + (f" ({fused} runs fused in {sum(len(u) > 1 for u in units)} group(s))"
                                                if fused else "")  # fmt: skip
     following = len({job for _, _, job in alive})
     note += f", following {following} submitted before" if alive else ""
     ids = sorted({job.split("_")[0] for _, _, job in jobs})
-    progress.update(started=len(jobs), note=f"{note} (slurm job {', '.join(ids)})")
+    progress.update(note=f"{note} (slurm job {', '.join(ids)})")  # each counted running once seen running
     follow(jobs, progress, failures, records, sweep_dir, poll=opts.poll)

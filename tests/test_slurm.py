@@ -6,7 +6,10 @@ seeds (and a third label, the same LoRA run as one of them) through sbatch, with
 while it runs: a pending array task cancelled, a running task requeued (preemption), a task signalled as
 before its time limit, a task killed with kill -9, and the controller stopped while the sweep waits. And a sweep
 with --fuse 2 (two groups of two LoRA runs, each group one array task): a pending group cancelled, a running one
-requeued; the same command again submits the cancelled group, the next one follows it."""
+requeued; the same command again submits the cancelled group, the next one follows it. And the same run through
+the local and the Slurm executor (equal tensors; a finished sweep reported with the controller down), and the
+progress of an array held back by --array-parallelism with a run cancelled after its first checkpoint. Every wait
+is for a condition, with a deadline only against a hang: a loaded machine makes each step minutes."""
 
 import json
 import os
@@ -188,26 +191,31 @@ LORA1, PT2 = "RTE.lora.lr-recipe.seed1", "RTE.prompt-tuning-5.lr-recipe.seed2"
 LORA2, AGAIN = "RTE.lora.lr-recipe.seed2", "RTE.lora-again.lr-recipe.seed2"
 
 
-def wait_for(what, timeout=600):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+# how long a wait may take: each wait is for a condition, never a fixed time, and the deadline only ends a test that
+# hangs; on a loaded machine (other jobs on the 2 cores, load 30) a stand-in run of a few updates took minutes
+DEADLINE = int(os.environ.get("SLURM_TEST_DEADLINE", 2400))
+
+
+def wait_for(what, timeout=DEADLINE):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         found = what()
         if found:
             return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what.__doc__}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what.__doc__ or what}")
 
 
-def run_folder(work, name):
+def run_folder(work, name, sweep_name="slurm"):
     """The run folder named in the run's log (None until it started)."""
-    log = Path(work) / "sweeps" / "slurm" / "logs" / f"{name}.log"
+    log = Path(work) / "sweeps" / sweep_name / "logs" / f"{name}.log"
     found = re.search(r"^run folder: (\S+)", log.read_text(), re.M) if log.is_file() else None
     return Path(found.group(1)) if found else None
 
 
-def saved_update_2(work, name):
+def saved_update_2(work, name, sweep_name="slurm"):
     """The run started, saved its checkpoint at update 2, and has not finished."""
-    folder = run_folder(work, name)
+    folder = run_folder(work, name, sweep_name)
     return folder and (folder / "checkpoint_1_2.pt").is_file() and not (folder / "results.json").is_file()
 
 
@@ -286,40 +294,50 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     wait_for(lambda: saved_update_2(work, LORA2))
     subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
     wait_for(lambda: requeued_again(ids[LORA2]))
-    watcher.join(timeout=660)
+    watcher.join(timeout=DEADLINE + 60)
     assert killed, f"{PT2}'s task was never seen running"
-    assert first.wait(timeout=900) == 1, first_out.read_text()[-3000:]
+    assert first.wait(timeout=DEADLINE) == 1, first_out.read_text()[-3000:]
     out = first_out.read_text()
+    # --array-parallelism 2: the tasks it holds back are left, not running
+    assert not re.search(r", [3-9] running", out) and re.search(r", [12] running", out), out[-3000:]
     assert f"cancelled: {AGAIN} (job {ids[AGAIN]}, scancel); not run" in out
     assert re.search(rf"FAILED {re.escape(PT2)} \(job {ids[PT2]}: FAILED", out), out[-3000:]
     assert "[sweep slurm] 3/5 done (0 cached), 0 running, 1 failed, 1 cancelled, 0 left" in out
     assert "1 run(s) cancelled (scancel): run this sweep again to run them" in out
     logs = work / "sweeps" / "slurm" / "logs"
     assert "time limit near or preempted: requeued" in (logs / f"{LORA1}.log").read_text()
-    assert (logs / f"{LORA2}.log").read_text().count("slurm job ") == 2  # ran, requeued, ran again
+    # ran, requeued by the cluster, ran again: the second job's first line says so
+    assert (logs / f"{LORA2}.log").read_text().count("slurm job ") == 2
+    assert ": requeued (restart 1), resumes from checkpoint_last.pt" in (logs / f"{LORA2}.log").read_text()
 
     # 2. the same command runs only the cancelled and the failed run; the controller stops while it waits
     second, second_out = start("second")
     wait_for(lambda: "submitted 2 job(s)" in second_out.read_text())
     again = json.loads(submitted.read_text())
     assert {again[AGAIN], again[PT2]} & {ids[AGAIN], ids[PT2]} == set()
-    wait_for(lambda: "RUNNING" in state(again[AGAIN]) and "RUNNING" in state(again[PT2]))
+
+    def again_training():
+        """lora-again's job runs and its run (6 updates, then scored) is not finished: the sweep still waits."""
+        folder = run_folder(work, AGAIN)
+        return "RUNNING" in state(again[AGAIN]) and folder and not (folder / "results.json").is_file()
+
+    wait_for(again_training)
     os.kill(int((STATE / "slurmctld.pid").read_text()), signal.SIGTERM)
-    assert second.wait(timeout=120) == 1
+    assert second.wait(timeout=DEADLINE) == 1  # 3 polls without an answer, each up to a minute
     last = second_out.read_text().strip().splitlines()[-1]
-    assert re.fullmatch(r"sweep: error: the Slurm controller does not answer \(squeue: .*\); 2 job\(s\) stay as "
-                        r"they were: run the same command again to follow them", last), last  # fmt: skip
-    subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=120)
+    assert re.fullmatch(r"sweep: error: the Slurm controller does not answer \(squeue: .*\); [12] job\(s\) stay "
+                        r"as they were: run the same command again to follow them", last), last  # fmt: skip
+    subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=600)
 
     # 3. the same command follows the two jobs (or finds them finished) and submits nothing
-    third = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert "[sweep slurm] 5/5 done" in third.stdout and not re.search(r"submitted [1-9]", third.stdout)
     assert json.loads(submitted.read_text()) == again
 
     # 4. all cached: nothing submitted
     before = jobs_known()
-    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
     assert fourth.returncode == 0 and "[sweep slurm] 5/5 done (5 cached)" in fourth.stdout, fourth.stdout[-2000:]
     assert "submitted" not in fourth.stdout and not submitted_since(before)
 
@@ -336,7 +354,8 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     assert len(list(records.rglob("*.json"))) == 5
     table = tmp_path / "table"
     done = subprocess.run([sys.executable, "-m", "fairseq_idpg.results", str(records), "--spec", str(spec),
-                           "--out-dir", str(table)], capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+                           "--out-dir", str(table)], capture_output=True, text=True, timeout=DEADLINE,
+                          cwd=REPO)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     rows = (table / "table.csv").read_text()
     assert all(label in rows for label in ("lora", "prompt-tuning-5", "lora-again"))
@@ -389,7 +408,7 @@ def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_s
     wait_for(saved_update_2)
     subprocess.run(["scontrol", "requeue", ids[LORA1]], check=True)
     wait_for(lambda: requeued_again(ids[LORA1]))
-    assert first.wait(timeout=900) == 1, out.read_text()[-3000:]
+    assert first.wait(timeout=DEADLINE) == 1, out.read_text()[-3000:]
     said = out.read_text()
     assert "submitted 2 job(s) (4 runs fused in 2 group(s))" in said
     for name in (AGAIN1, AGAIN2):
@@ -406,14 +425,14 @@ def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_s
     second = subprocess.Popen(cmd, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
     wait_for(lambda: "submitted 1 job(s) (2 runs fused in 1 group(s))" in out.read_text())
     second.send_signal(signal.SIGTERM)
-    second.wait(timeout=60)
+    second.wait(timeout=DEADLINE)
     again = json.loads(submitted.read_text())
     assert again[AGAIN1] == again[AGAIN2] != ids[AGAIN1] and again[LORA1] == ids[LORA1]
-    third = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert "submitted 0 job(s), following 1 submitted before" in third.stdout, third.stdout[-3000:]
     assert "[sweep slurm-fused] 4/4 done (2 cached)" in third.stdout
-    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
     assert fourth.returncode == 0 and "[sweep slurm-fused] 4/4 done (4 cached)" in fourth.stdout, fourth.stdout[-2000:]
 
     # each run of the requeued group ends with the trained tensors of the same run in the uninterrupted group
@@ -425,3 +444,99 @@ def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_s
         a, b = trained(requeued[seed]), trained(reference[seed])
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), seed
         assert records[requeued[seed].name]["results"] == records[reference[seed].name]["results"]
+
+
+# ---------------------------------------------------------------------------------------- one run, two executors (slow)
+ONE = SPEC.format(updates=4) + "args: [--total-batch, 8]\n"
+ONE_RUN = "RTE.lora.lr-recipe.seed1"
+
+
+def finished_folder(work):
+    """The folder of the one run trained under ``work`` (its results.json's)."""
+    return next((Path(work) / "checkpoints").rglob("results.json")).parent
+
+
+@pytest.mark.slow
+def test_a_run_on_slurm_is_the_local_run_and_its_report_needs_no_controller(slurm, glue_slices, standin_model,
+                                                                             tmp_path):  # fmt: skip
+    """The same run (1 CPU) through the local executor and through the Slurm executor: the same folder name and
+    equal trained tensors. Then, the controller stopped: the finished sweep is reported (exit 0), and a sweep with a
+    run to submit is refused in one line (exit 2)."""
+    spec, work, cmd, env = on_the_cluster(ONE, tmp_path, slurm, glue_slices)
+    local = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path / "local"),
+             "--jobs", "1", "--threads", "1"]  # fmt: skip
+    for argv in (local, cmd):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
+        assert done.returncode == 0 and "[sweep s] 1/1 done (0 cached)" in done.stdout, done.stdout[-3000:]
+    here, there = finished_folder(tmp_path / "local"), finished_folder(work)
+    assert here.name == there.name and there == run_folder(work, ONE_RUN, "s")
+    a, b = trained(here), trained(there)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    controller = int((STATE / "slurmctld.pid").read_text())
+    os.kill(controller, signal.SIGTERM)
+    try:
+        wait_for(lambda: not Path(f"/proc/{controller}").exists())
+        cached = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
+        assert cached.returncode == 0 and "[sweep s] 1/1 done (1 cached)" in cached.stdout, cached.stderr[-3000:]
+        assert "submitted" not in cached.stdout and not cached.stderr.strip(), cached.stderr[-3000:]
+        more = subprocess.run(cmd + ["--max-update", "5"], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
+                              env=env)  # fmt: skip
+        err = more.stderr.strip().splitlines()
+        assert more.returncode == 2 and len(err) == 1, more.stderr[-3000:]
+        assert re.fullmatch(r"sweep: error: --executor slurm: the Slurm controller does not answer \(sinfo: .*\)",
+                            err[0]), err[0]  # fmt: skip
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=600)
+
+
+# ---------------------------------------------------------------------------------------- progress and scancel (slow)
+TWO = """
+name: two
+model: standin
+tasks: [RTE]
+methods: [lora]
+lrs: recipe
+seeds: [1, 2]
+max_update: 8
+args: [--total-batch, 8, --save-interval-updates, 2, --validate-interval-updates, 8]
+"""
+SEED1, SEED2 = "RTE.lora.lr-recipe.seed1", "RTE.lora.lr-recipe.seed2"
+
+
+@pytest.mark.slow
+def test_progress_counts_held_tasks_as_left_and_a_cancelled_run_resumes(slurm, glue_slices, standin_model, tmp_path,
+                                                                        monkeypatch, capsys):  # fmt: skip
+    """2 runs, one array task at a time: the held task is left, not running; the running run gets its heartbeat
+    line, and the eta comes from the finished run. The second run, cancelled with scancel once it saved a
+    checkpoint, is reported cancelled at its update; the same command resumes it there."""
+    spec, work, cmd, env = on_the_cluster(TWO, tmp_path, slurm, glue_slices, "--array-parallelism", "1")
+    monkeypatch.setenv("GLUE_DIR", str(glue_slices))
+    init = sweep.SweepProgress.__init__  # the heartbeat after 1 s of silence, not a minute: the runs are short
+    monkeypatch.setattr(sweep.SweepProgress, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "every": 1}))
+    argv = cmd[cmd.index(str(spec)) :]
+    outcome = []
+    first = threading.Thread(target=lambda: outcome.append(sweep.main(argv)), daemon=True)
+    first.start()
+    submitted = work / "sweeps" / "two" / "slurm" / "submitted.json"
+    ids = wait_for(lambda: submitted.is_file() and json.loads(submitted.read_text()))
+    wait_for(lambda: saved_update_2(work, SEED2, "two"))
+    subprocess.run(["scancel", ids[SEED2]], check=True)
+    first.join(timeout=DEADLINE)
+    out = capsys.readouterr().out
+    assert outcome == [1], out[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("[sweep two]")]
+    assert not any(", 2 running" in line for line in lines), out[-3000:]
+    assert "[sweep two] 0/2 done (0 cached), 0 running, 0 failed, 2 left, eta ?  submitted 2 job(s)" in out
+    assert re.search(rf"\] 0/2 done \(0 cached\), 1 running, 0 failed, 1 left, eta \S+  start {SEED1} ", out)
+    assert re.search(rf"^  running {SEED1}: (starting|update \d+)", out, re.M), out[-3000:]
+    assert re.search(rf"\] 1/2 done \(0 cached\), [01] running, 0 failed, [01] left, eta \d\S*  done {SEED1} ", out)
+    found = re.search(rf"cancelled: {SEED2} \(job {ids[SEED2]}, scancel\) at update (\d+); run the sweep again to "
+                      r"resume it", out)  # fmt: skip
+    assert found and int(found.group(1)) >= 2, out[-3000:]
+    assert "[sweep two] 1/2 done (0 cached), 0 running, 0 failed, 1 cancelled, 0 left" in out
+
+    assert sweep.main(argv) == 0
+    assert "[sweep two] 2/2 done (1 cached)" in capsys.readouterr().out
+    log = (work / "sweeps" / "two" / "logs" / f"{SEED2}.log").read_text()
+    assert re.search(rf"resuming from \S+ at update {found.group(1)} of 8", log), log[-3000:]
