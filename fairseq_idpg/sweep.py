@@ -75,6 +75,7 @@ from fairseq_idpg.run import (
     child_process_options,
     format_duration,
     format_lr,
+    hash_note,
     plan,
     portable_hash,
     quiet,
@@ -442,8 +443,10 @@ def record(run, p, records):
 def recorded(run, p, records):
     """The record of this run's configuration in ``records``, or None. Its file is named by the run folder
     of the checkout it ran in, whose hash includes that checkout's model path: the configurations are
-    compared without paths (``portable_hash``), so a committed study resumes in a fresh clone."""
-    if not p.complete:
+    compared without paths (``portable_hash``), so a committed study resumes in a fresh clone. Before the data
+    is prepared (a dry run), the configuration is that of the data it would prepare: a record equal to it is this
+    run's (the same raw files give the same rows), though the folder's name is not known yet."""
+    if p.config["model"]["sha256"] is None or p.config["data"]["provenance"] is None:
         return None
     prefix = p.folder.name.rsplit(".", 1)[0]  # lr<lr>.seed<seed>
     by_file = json.loads(json.dumps(p.config, default=str))
@@ -961,8 +964,8 @@ def _print_plan(plans, elsewhere, pending, damaged):
         + (f"{len(damaged)} damaged (skipped), " if damaged else "")
         + f"{len(pending)} to run; {updates:,} updates in all"
     )
-    if not all(p.complete for _, p in plans):
-        print("(<hash>: known once the model file and the prepared data exist)")
+    if hash_note([p for _, p in plans]):
+        print(hash_note([p for _, p in plans]))
 
 
 def _record_earlier(finished, elsewhere, records, damaged):

@@ -68,10 +68,8 @@ GOLDEN = {
 def test_config_hash_and_command_are_those_of_existing_runs(shared_data, standin, tmp_path, case):
     argv, prefix, digest, layout, command_digest = GOLDEN[case]
     config, folder, command = planned(argv, tmp_path / "work")
-    if config["model"]["sha256"] is not None:  # the model file exists: the folder is named by the hash
-        assert folder.name == f"{prefix}.{main_job.config_hash(config)}"
-    else:
-        assert folder.name == f"{prefix}.<hash>"
+    # a dry run prepares no data, and the hash covers the prepared rows: the name waits for them
+    assert folder.name == f"{prefix}.<hash>"
     ours, command_ours = normalized(config, command, tmp_path / "work", standin, folder)
     assert (main_job.config_hash(ours), tuple(ours["layout"].values()), command_ours) == (
         digest,

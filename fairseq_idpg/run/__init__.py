@@ -60,13 +60,13 @@ from fairseq_idpg.run.backbone import Backbone, backbone_at, find_backbone, mode
 from fairseq_idpg.run.cli import main, parse_args, work_dir_refusal
 from fairseq_idpg.run.execution import IN_USE_EXIT, execute
 from fairseq_idpg.run.identity import config_hash, format_lr, model_settings, portable_hash, run_name
-from fairseq_idpg.run.planning import Plan, check, plan, quiet, warn_missing
+from fairseq_idpg.run.planning import Plan, check, hash_note, plan, quiet, warn_missing
 from fairseq_idpg.run.prepared import Data, prepared
 from fairseq_idpg.run.processes import child_process_options, format_duration
 from fairseq_idpg.run.record import DamagedRecord, find_runs, read_run_file, read_run_folder
 
 __all__ = [
-    "RunError", "main", "parse_args", "work_dir_refusal", "check", "plan", "Plan", "quiet", "warn_missing",
+    "RunError", "main", "parse_args", "work_dir_refusal", "check", "plan", "Plan", "quiet", "warn_missing", "hash_note",
     "execute", "IN_USE_EXIT",
     "Backbone", "backbone_at", "find_backbone", "model_dims", "Data", "prepared",
     "config_hash", "portable_hash", "format_lr", "run_name", "model_settings", "find_runs", "format_duration",

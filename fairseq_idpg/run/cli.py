@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fairseq_idpg.errors import RunError
 from fairseq_idpg.run.execution import IN_USE_EXIT, InUse, execute
-from fairseq_idpg.run.planning import check, plan, quiet, warn_missing
+from fairseq_idpg.run.planning import check, hash_note, plan, quiet, warn_missing
 from fairseq_idpg.run_config import RunConfig, method_list
 
 DESCRIPTION = "The main job: prepare a task, train a method on it with fairseq-train, score it with fairseq-validate."
@@ -40,8 +40,8 @@ def job(request, argv):
         raise RunError(read_only)  # only a finished run's result can be shown from a read-only folder
     p = plan(request, argv)
     if request.dry_run:
-        if not p.complete:
-            print("  (<hash> is known once the model file and the prepared data exist)")
+        if hash_note([p]):
+            print("  " + hash_note([p]))
         if request.restart and p.folder.exists():
             print(f"--restart would remove {p.folder}")
         print("+ " + shlex.join(p.train))

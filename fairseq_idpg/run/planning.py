@@ -35,7 +35,7 @@ class Plan:
     task: str
     method: Any
     config: dict
-    folder: Path  # the run folder (its name holds "<hash>" until the model and data exist)
+    folder: Path  # the run folder (its name holds "<hash>" until the model file and the prepared data exist)
     complete: bool  # the hash is known
     train: list  # the launcher + fairseq-train command
     data: Path
@@ -69,7 +69,8 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
     budget = decide_budget(request, task, recipe, data, lr, batch, batch_size, update_freq)
     budget = dataclasses.replace(budget, head_lr=request.head_lr if request.head_lr is not None else recipe.head_lr)
     config = configuration(request, task, method, recipe, backbone, data, budget)
-    complete = backbone.present and data.provenance is not None
+    # the hash covers the prepared rows (their count, what prepare_data.py recorded): known once they exist
+    complete = backbone.present and data.info is not None and data.provenance is not None
     name = run_name(lr, request.seed, config_hash(config) if complete else "<hash>")
     save = Path(request.work_dir) / "checkpoints" / backbone.name / task / request.method / name
     save = save if folder is None else Path(folder)
@@ -101,6 +102,14 @@ def check(request):
             raise RunError(str(e)) from None
         p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
     return p.missing
+
+
+def hash_note(plans):
+    """A dry run's line under run folders named ``<hash>`` (a name is printed only when it is the one the run
+    gets: its hash covers the prepared rows, which a dry run does not prepare), or None when every name is known."""
+    if all(p.complete for p in plans):
+        return None
+    return "(<hash> is known once the model file and the prepared data exist)"
 
 
 def quiet(*args, **kwargs):
