@@ -517,6 +517,20 @@ def tail(path, lines=20):
         return ""
 
 
+def failure_cause(log, member=None):
+    """The one line a failed run's main job ended with in its log, as run.sh says it alone (``run.sh: error:
+    CAUSE``: CAUSE), or None. ``member``: the run folder's name of a run trained in a fused group, whose log is
+    the group's: its own line there (``run.sh: error: <folder>: CAUSE``). Only the last attempt's lines are read
+    (those after its ``# <time> <command>`` line: the log is appended to at each start)."""
+    said = "run.sh: error: " + (f"{member}: " if member else "")
+    for line in reversed(_last_lines(log, 65536)):
+        if line.startswith(said):
+            return line[len(said) :]
+        if line.startswith("# "):
+            return None
+    return None
+
+
 # ---------------------------------------------------------------------------------------- progress
 class SweepProgress:
     """``[sweep NAME] 12/40 done (5 cached), 2 running, 1 failed, 25 left, eta 1h10m`` on each change, and
@@ -796,9 +810,10 @@ def unit_ended(unit, argv, outcome, stopping, progress, failures, records):
             failures.set(run.name, None)
             progress.update(in_use=1, note=f"in use: {run.name} (another process trains it); skipped")
         elif not stopping:
+            cause = failure_cause(log, p.folder.name if len(unit) > 1 else None)
             entry = {"exit": code, "log": str(log), "command": shlex.join(argv), "tail": tail(log)}
-            failures.set(run.name, entry)
-            progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})")
+            failures.set(run.name, {**entry, **({"cause": cause} if cause else {})})
+            progress.update(failed=1, note=f"FAILED {run.name} (exit {code}; {log})" + (f": {cause}" if cause else ""))
         else:
             progress.update(started=-1)
 
@@ -1005,7 +1020,8 @@ def _outcome(plans, spec, progress, failures, records, sweep_dir):
         for name in failed:
             entry = failures.items[name]
             how = f"exit {entry['exit']}" if "exit" in entry else f"job {entry.get('job')} {entry.get('state', '?')}"
-            print(f"  {name}: {how}, log {entry.get('log', entry.get('job'))}")
+            cause = f": {entry['cause']}" if entry.get("cause") else ""
+            print(f"  {name}: {how}, log {entry.get('log', entry.get('job'))}{cause}")
     return 1 if failed or progress.damaged or progress.cancelled else 0
 
 

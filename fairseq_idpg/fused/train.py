@@ -280,6 +280,8 @@ def _run_member(group, index, cfg, logs, outcome):
         outcome[index] = None
     except BaseException as e:  # noqa: BLE001 (a member's failure is its own; the others go on)
         line = e.line() if hasattr(e, "line") else f"{type(e).__name__}: {' '.join(str(e).split())}"
+        if isinstance(e, ConfigError):  # what fairseq-train would say of it alone (a full disk: the file, the room)
+            line = f"fairseq-train: error: {' '.join(str(e).split())}"
         logs.write(index, line)
         outcome[index] = line
     finally:

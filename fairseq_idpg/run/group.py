@@ -30,7 +30,7 @@ from fairseq_idpg.run.execution import (
     show_cached,
     trained_before,
 )
-from fairseq_idpg.run.processes import tee
+from fairseq_idpg.run.processes import ONE_LINE_ERROR, Refused, tee
 from fairseq_idpg.run.record import read_run_folder, write_json, write_record
 
 MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
@@ -159,6 +159,8 @@ def _finish(p, lock, fused_with):
     done = checkpoint_updates(last)[0] if last.is_file() else 0
     if done < p.config["updates"]:
         lines = (save / "train.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        if lines and ONE_LINE_ERROR.match(lines[-1]):  # the trainer's one line (a full disk), as a lone run says it
+            raise Refused(lines[-1].split(": error: ", 1)[1].strip())
         raise RunError(f"training stopped at update {done} of {p.config['updates']}: {lines[-1] if lines else ''}")
     results = score(p, lock)
     write_record(p, results, extra={"fused_with": fused_with} if fused_with else None)
