@@ -175,7 +175,8 @@ def test_bf16_reaches_fairseq_train_and_leaves_other_runs_their_folder(shared_da
     argv, prefix, digest, *_ = GOLDEN["frozen"]
     config, folder, command = planned([*argv, "--bf16"], tmp_path / "work")
     assert "--bf16" in command[command.index("--") :] and "--fp16" not in command
-    assert config["bf16"] is True and folder.name != planned(argv, tmp_path / "work")[1].name
+    other = main_job.config_hash(planned(argv, tmp_path / "work")[0])  # (a dry run names neither: no data)
+    assert config["bf16"] is True and main_job.config_hash(config) != other
     plain, _, command = planned(argv, tmp_path / "work")
     assert "bf16" not in plain and "--bf16" not in command
     assert main_job.config_hash(normalized(plain, command, tmp_path / "work", standin, folder)[0]) == digest
@@ -264,23 +265,26 @@ def test_a_changed_preset_or_default_is_another_run(shared_data, standin, tmp_pa
     from fairseq_idpg.methods import METHODS
     from fairseq_idpg.models.roberta_idpg import DEFAULTS
 
+    def name():  # the folder's hash (a dry run prints <hash> until the data is prepared)
+        return main_job.config_hash(planned(argv, tmp_path)[0])
+
     argv = GOLDEN["frozen"][0]
     config, folder, _ = planned(argv, tmp_path)
     assert config["method"]["settings"]["idpg_hidden"] == 16 and config["method"]["settings"]["idpg_dropout"] == 0.1
-    record = METHODS["m-idpg-phm"]
+    record, first = METHODS["m-idpg-phm"], name()
     monkeypatch.setitem(METHODS, record.name, dataclasses.replace(record, preset={**record.preset, "idpg_hidden": 32}))
-    changed, other, _ = planned(argv, tmp_path)
-    assert changed["method"]["settings"]["idpg_hidden"] == 32 and other.name != folder.name
+    changed, other = planned(argv, tmp_path)[0], name()
+    assert changed["method"]["settings"]["idpg_hidden"] == 32 and other != first
     monkeypatch.setitem(METHODS, record.name, record)
     monkeypatch.setitem(DEFAULTS, "idpg_dropout", 0.2)
-    changed, default, _ = planned(argv, tmp_path)
-    assert changed["method"]["settings"]["idpg_dropout"] == 0.2 and default.name not in (folder.name, other.name)
+    changed, default = planned(argv, tmp_path)[0], name()
+    assert changed["method"]["settings"]["idpg_dropout"] == 0.2 and default not in (first, other)
     monkeypatch.setitem(DEFAULTS, "idpg_dropout", 0.1)
     monkeypatch.setitem(DEFAULTS, "idpg_cache", "memory")
-    assert planned(argv, tmp_path)[1].name == folder.name
+    assert name() == first
     lowrank = dataclasses.replace(record, name="m-idpg-phm", options={**record.options, "idpg_layer_bias_rank": 2})
     monkeypatch.setitem(METHODS, record.name, lowrank)
-    assert planned(argv, tmp_path)[1].name not in (folder.name, other.name, default.name)
+    assert name() not in (first, other, default)
 
 
 def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, standin, tmp_path, capsys):
