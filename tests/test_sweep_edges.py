@@ -138,18 +138,19 @@ def read_only(folder):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sweep-edges")  # one worker: the sweep runs once
-def test_a_read_only_copy_of_a_finished_sweeps_folder_shows_a_runs_result(swept, tmp_path):
+def test_a_read_only_copy_of_a_finished_sweeps_folder_shows_a_runs_result(swept, tmp_path, monkeypatch, capsys):
     """A sweep's work folder (data-bin/, checkpoints/, sweeps/<name>/ with its logs and records) copied and made
     read-only: run.sh with a run's task, method, seed and lr there prints the run's result, exit 0, writing nothing.
-    Root, whom permissions do not stop, runs run.sh without that power (setpriv drops CAP_DAC_OVERRIDE)."""
-    lacking = ROOT and not shutil.which("setpriv")
-    if lacking:
-        pytest.skip("run as root without setpriv: a read-only folder cannot be made here")
+    Root, whom permissions do not stop, runs run.sh without that power (setpriv drops CAP_DAC_OVERRIDE); where it
+    cannot, run.sh runs in this process, told that the copy cannot be written (as tests/test_damaged_runs.py)."""
+    power = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+    if ROOT and (not shutil.which("setpriv") or subprocess.run([*power, "true"], capture_output=True).returncode):
+        simulated_read_only_copy(swept, tmp_path, monkeypatch, capsys)
+        return
     copy = tmp_path / "copy"
     shutil.copytree(swept.work, copy, symlinks=True)
     (record,) = (copy / "sweeps" / "edges" / "records").rglob("lr5e-3.seed2.*.json")
     score = json.loads(record.read_text())["results"]["valid"]["accuracy"]
-    power = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
     cmd = [*(power if ROOT else []), "bash", str(RUN_SH), *RUN, "--seed", "2", "--lr", "5e-3", "--work-dir", str(copy)]
     restore = read_only(copy)
     try:
@@ -164,6 +165,23 @@ def test_a_read_only_copy_of_a_finished_sweeps_folder_shows_a_runs_result(swept,
     assert "cached: this configuration finished on" in out.stdout
     assert re.search(rf"^valid: .*accuracy {score}\b", out.stdout, re.M), out.stdout
     assert after == before
+
+
+def simulated_read_only_copy(swept, tmp_path, monkeypatch, capsys):
+    """The read-only copy's test for root where permissions cannot be made to stop it: what run.sh reads of the
+    copy (its ``writable``) says it cannot be written."""
+    from fairseq_idpg import run as main_job
+    from fairseq_idpg.run import cli
+
+    copy = tmp_path / "copy"
+    shutil.copytree(swept.work, copy, symlinks=True)
+    monkeypatch.setenv("GLUE_DIR", swept.env["GLUE_DIR"])
+    monkeypatch.setattr(cli, "writable", lambda folder: not Path(folder).absolute().is_relative_to(copy))
+    before = snapshot(copy)
+    assert main_job.main([*RUN, "--seed", "2", "--lr", "5e-3", "--work-dir", str(copy)]) == 0
+    out = capsys.readouterr()
+    assert "cached: this configuration finished on" in out.out and "error" not in out.err
+    assert snapshot(copy) == before
 
 
 # ---------------------------------------------------------------------------------------- a full disk
