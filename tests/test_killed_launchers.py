@@ -21,8 +21,8 @@ from fairseq_idpg import run as main_job
 from fairseq_idpg.run.execution import RUN_LOCK
 
 REPO = Path(__file__).resolve().parents[1]
-# 120 updates of 8 on 64 SST-2 sentences, validated and saved at 60 and 120
-LONGER = ["--max-update", "120", "--validate-interval-updates", "60"]
+# 40 updates of 8 on 64 SST-2 sentences, validated and saved at 20 and 40 (a kill after 20 leaves 20 to resume)
+LONGER = ["--max-update", "40", "--validate-interval-updates", "20"]
 
 
 def lock_is_free(folder):
@@ -66,7 +66,7 @@ def test_a_trainer_that_outlives_its_killed_launcher_keeps_the_run_folder_locked
     assert lock_is_free(folder)
 
 
-def kill_after_first_checkpoint(proc, folder_glob, work, update=60, runs=1):
+def kill_after_first_checkpoint(proc, folder_glob, work, update=20, runs=1):
     """Wait for the checkpoint at ``update`` of ``runs`` runs, kill -9 ``proc`` alone (not its group), and
     check that every process under it is gone within 10 s. Returns their pids."""
     deadline, family = time.time() + 600, []
@@ -98,15 +98,15 @@ def descendants(pid):
 
 def assert_resumed_as_named(rerun_out, train_log):
     """The rerun announced the update it resumes from, and fairseq-train loaded that one; one trainer."""
-    named = re.findall(r"resuming from \S+ at update (\d+) of 120", rerun_out)
-    assert named and int(named[-1]) >= 60, rerun_out[-3000:]
+    named = re.findall(r"resuming from \S+ at update (\d+) of 40", rerun_out)
+    assert named and int(named[-1]) >= 20, rerun_out[-3000:]
     last_start = train_log.rsplit("scripts/run.sh", 1)[1]  # what the rerun's trainer logged
     loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", last_start)
     assert loaded == [named[-1]], loaded
     assert len(re.findall(r"^\+ \S*fairseq-train ", rerun_out, re.M)) == 1
 
 
-def assert_same_run(folder, reference, updates=120, points=(60, 120)):
+def assert_same_run(folder, reference, updates=40, points=(20, 40)):
     """The resumed run's record and trained tensors equal the uninterrupted run's, curve point for point."""
     ours, theirs = (json.loads((f / "results.json").read_text()) for f in (folder, reference))
     assert ours["results"] == theirs["results"]
@@ -146,8 +146,8 @@ tasks: [SST-2]
 methods: [lora]
 lrs: [2.0e-4]
 seeds: [1]
-max_update: 120
-args: [--total-batch, 8, --validate-interval-updates, 60]
+max_update: 40
+args: [--total-batch, 8, --validate-interval-updates, 20]
 """
 
 
