@@ -122,6 +122,8 @@ def execute_group(plans):
             try:
                 _finish(p, lock, [q.folder.name for q, _ in training if q is not p])
             except RunError as e:
+                if interrupted(e):  # the group was stopped: no member's scoring starts after it
+                    raise
                 print(f"run.sh: error: {p.folder.name}: {e}", file=sys.stderr, flush=True)
                 errors.append(f"{p.folder.name}: {e}")
     return errors
@@ -138,7 +140,7 @@ def _train(training):
     try:
         seconds, _ = tee(cmd, plans[0].folder / "fused.log", hold=[lock for _, lock in training])
     except RunError as e:
-        if str(e).startswith("interrupted"):
+        if interrupted(e):
             raise
         seconds = None  # a member failed: each is judged by its own log below
     for p in plans:
@@ -192,8 +194,19 @@ def main(argv=None):
     except (ConfigError, RunError) as e:
         print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    errors = execute_group(plans)
+    try:
+        errors = execute_group(plans)
+    except RunError as e:
+        if not interrupted(e):
+            raise
+        print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 130
     return 1 if errors else 0
+
+
+def interrupted(error):
+    """Whether a RunError says the command was stopped (Ctrl-C, SIGTERM), not that it failed."""
+    return str(error).startswith("interrupted")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""``python -m fairseq_idpg.run.group``'s members after training: a stop (Ctrl-C, the sweep's SIGTERM) while one
+member is scored ends the group there, exit 130 in one line; a member's own failure does not stop the others."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from fairseq_idpg.errors import RunError
+from fairseq_idpg.run import group
+
+
+@pytest.fixture
+def members(tmp_path, monkeypatch):
+    """Three planned members, trained already: execute_group goes straight to scoring them (``scored``)."""
+    plans = [SimpleNamespace(folder=tmp_path / name, config={}) for name in ("a", "b", "c")]
+    for p in plans:
+        p.folder.mkdir()
+    monkeypatch.setattr(group, "read_run_folder", lambda folder: None)
+    monkeypatch.setattr(group, "run_folder_lock", lambda folder: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(group, "trained_before", lambda p: True)
+    scored = []
+    return plans, scored
+
+
+def scoring(scored, fails):
+    def finish(p, lock, fused_with):
+        scored.append(p.folder.name)
+        if p.folder.name in fails:
+            raise fails[p.folder.name]
+
+    return finish
+
+
+def test_a_stop_while_a_member_is_scored_scores_no_other(members, monkeypatch, capsys):
+    plans, scored = members
+    stop = RunError("interrupted; a/valid.log keeps the output; the same command resumes")
+    monkeypatch.setattr(group, "_finish", scoring(scored, {"a": stop}))
+    with pytest.raises(RunError, match="^interrupted"):
+        group.execute_group(plans)
+    assert scored == ["a"]  # b's and c's fairseq-validate never started
+
+    monkeypatch.setattr(group, "parse_members", lambda argv: [["SST-2"]])
+    monkeypatch.setattr("fairseq_idpg.run.cli.parse_args", lambda m: SimpleNamespace(method="lora"))
+    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request: None)
+    monkeypatch.setattr("fairseq_idpg.run.planning.plan", lambda request, m: plans[0])
+    monkeypatch.setattr(group, "trains_alone", lambda p: None)
+    monkeypatch.setattr(group, "fused_command", lambda plans: [])
+    capsys.readouterr()
+    assert group.main([]) == 130
+    assert capsys.readouterr().err.splitlines() == [f"run.sh: error: {stop}"]
+
+
+def test_a_members_failure_is_its_own(members, monkeypatch, capsys):
+    plans, scored = members
+    monkeypatch.setattr(group, "_finish", scoring(scored, {"a": RunError("fairseq-validate failed")}))
+    assert group.execute_group(plans) == ["a: fairseq-validate failed"]
+    assert scored == ["a", "b", "c"]
+    assert "run.sh: error: a: fairseq-validate failed" in capsys.readouterr().err
