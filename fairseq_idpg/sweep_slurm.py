@@ -330,7 +330,7 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
     for run, p, job in jobs:
         waiting.setdefault(job, []).append((run, p))
     logs = job_logs(sweep_dir)
-    began, running = {}, set()  # job -> when first seen running (its runs' time); the jobs counted running now
+    began, phase = {}, {}  # job -> when first seen running (its runs' time); job -> running, queued or ending
     unanswered = 0
     while waiting:
         try:
@@ -348,10 +348,10 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
         for job, runs in list(waiting.items()):
             state, reason = states.get(job, ("", ""))
             if state in ACTIVE:
-                _moved(job, runs, state, running, began, progress, sweep_dir)
+                _moved(job, runs, state, phase, began, progress, sweep_dir)
                 continue
             del waiting[job]
-            _moved(job, runs, state, running, began, progress, sweep_dir)
+            _moved(job, runs, state, phase, began, progress, sweep_dir)
             _count(progress, len(runs))  # the runs it reports as ended were running (between two polls, if unseen)
             seconds = (progress.clock() - began[job]) / len(runs) if job in began else None
             log = logs.get(job, Path(sweep_dir) / "logs" / f"{runs[0][0].name}.log")
@@ -360,25 +360,28 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
             _wait(progress, poll)
 
 
-def _moved(job, runs, state, running, began, progress, sweep_dir):
-    """A job seen starting (its runs counted running, watched for the heartbeat), back in the queue (requeued) or
-    ending: no longer counted running."""
+def _moved(job, runs, state, phase, began, progress, sweep_dir):
+    """A job seen starting (its runs counted running, watched for the heartbeat), ending (no longer counted), or
+    back in the queue after it ran (requeued: a preemption, the time limit; it goes through COMPLETING first)."""
     from fairseq_idpg.sweep import watch
 
+    now = "running" if state in RUNNING else "queued" if state in QUEUED else "ending"
+    was, phase[job] = phase.get(job), now
+    if now == was:
+        return
     names = runs[0][0].name + (f" + {len(runs) - 1} fused" if len(runs) > 1 else "")
-    if state in RUNNING and job not in running:
-        running.add(job)
+    if was == "running":
+        for run, _ in runs:
+            progress.unwatch(run.name)
+        if now == "ending":
+            _count(progress, -len(runs))
+    if now == "running":
         began.setdefault(job, progress.clock())
         watch(progress, runs, sweep_dir)
         progress.update(started=len(runs), note=f"start {names} (job {job})")
-    elif state not in RUNNING and job in running:
-        running.discard(job)
-        for run, _ in runs:
-            progress.unwatch(run.name)
-        if state in QUEUED:
-            progress.update(started=-len(runs), note=f"requeued: {names} (job {job}); resumes from its checkpoint")
-        else:
-            _count(progress, -len(runs))
+    elif now == "queued" and was is not None:
+        progress.update(started=-len(runs) if was == "running" else 0,
+                        note=f"requeued: {names} (job {job}); resumes from its checkpoint")  # fmt: skip
 
 
 def _count(progress, n):

@@ -293,7 +293,13 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     signalling.wait()
     wait_for(lambda: saved_update_2(work, LORA2))
     subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
-    wait_for(lambda: requeued_again(ids[LORA2]))
+    # the sweep says so once a poll sees the job back in the queue (Slurm holds it there about 2 minutes), before
+    # it is made eligible at once
+    lora2_log = work / "sweeps" / "slurm" / "logs" / f"{LORA2}.log"
+    noted = f"requeued: {LORA2} (job {ids[LORA2]}); resumes from its checkpoint"
+    wait_for(lambda: noted in first_out.read_text() or "requeued (restart 1)" in lora2_log.read_text())
+    assert noted in first_out.read_text(), first_out.read_text()[-3000:]
+    wait_for(lambda: requeued_again(ids[LORA2]) or "requeued (restart 1)" in lora2_log.read_text())
     watcher.join(timeout=DEADLINE + 60)
     assert killed, f"{PT2}'s task was never seen running"
     assert first.wait(timeout=DEADLINE) == 1, first_out.read_text()[-3000:]
