@@ -345,7 +345,8 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
                 ) from None
             time.sleep(poll)
             continue
-        for job, runs in list(waiting.items()):
+        # the jobs that stopped running first: no line counts a task that ended and the one it made room for
+        for job, runs in sorted(waiting.items(), key=lambda item: states.get(item[0], ("",))[0] in RUNNING):
             state, reason = states.get(job, ("", ""))
             if state in ACTIVE:
                 _moved(job, runs, state, phase, began, progress, sweep_dir)
