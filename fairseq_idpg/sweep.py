@@ -979,8 +979,9 @@ def _print_plan(plans, elsewhere, pending, damaged):
         + (f"{len(damaged)} damaged (skipped), " if damaged else "")
         + f"{len(pending)} to run; {updates:,} updates in all"
     )
-    if hash_note([p for _, p in plans]):
-        print(hash_note([p for _, p in plans]))
+    note = hash_note([p for _, p in plans])
+    if note:
+        print(note)
 
 
 def _record_earlier(finished, elsewhere, records, damaged):

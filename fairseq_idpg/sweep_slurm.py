@@ -395,7 +395,7 @@ def _count(progress, n):
 def _ended(job, runs, state, seconds, log, progress, failures, records, sweep_dir):
     """Each run of a job that ended (Slurm's (state, reason); ``seconds``: each run's share of the job's time):
     recorded, cancelled, in use elsewhere, or failed."""
-    from fairseq_idpg.sweep import record_finished, tail
+    from fairseq_idpg.sweep import failure_cause, record_finished, tail
 
     state, reason = state
     for run, p in runs:
@@ -411,8 +411,11 @@ def _ended(job, runs, state, seconds, log, progress, failures, records, sweep_di
         else:
             why = state or "no longer known to Slurm"
             why += f", {reason}" if reason and reason != "None" else ""
-            failures.set(run.name, {"job": job, "state": why, "log": str(log), "tail": tail(log)})
-            progress.update(failed=1, note=f"FAILED {run.name} (job {job}: {why}; {log})")
+            entry = {"job": job, "state": why, "log": str(log), "tail": tail(log)}
+            cause = failure_cause(log, p.folder.name if len(runs) > 1 else None)  # as the local executor says it
+            failures.set(run.name, {**entry, **({"cause": cause} if cause else {})})
+            said = f"FAILED {run.name} (job {job}: {why}; {log})" + (f": {cause}" if cause else "")
+            progress.update(failed=1, note=said)
 
 
 def cancelled_note(run, p, job):

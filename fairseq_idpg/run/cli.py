@@ -40,8 +40,9 @@ def job(request, argv):
         raise RunError(read_only)  # only a finished run's result can be shown from a read-only folder
     p = plan(request, argv)
     if request.dry_run:
-        if hash_note([p]):
-            print("  " + hash_note([p]))
+        note = hash_note([p])
+        if note:
+            print("  " + note)
         if request.restart and p.folder.exists():
             print(f"--restart would remove {p.folder}")
         print("+ " + shlex.join(p.train))
