@@ -133,6 +133,14 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
    the same; flat copies on several devices, apex, expert parameters, a single tensor and the multiply of half
    gradients by a number (which the CPU's foreach rounds differently) keep fairseq's code.
 
+16. ``optimizer_without_dynamo_import``: torch's ``Optimizer`` marks ``add_param_group``, ``zero_grad``,
+   ``state_dict`` and ``load_state_dict`` as never compiled (``torch._disable_dynamo``), which imports
+   ``torch._dynamo`` at their first call: building fairseq's optimizer cost every fairseq-train about 2 s of
+   CPU (4 s on a loaded machine) before its first update, for a compiler it never runs. Until something imports
+   ``torch._dynamo`` (``torch.compile``, ``--compile-layers``, a custom operator), nothing can be compiling, so
+   those methods run as they are; from then on they go through torch's own ``torch._dynamo.disable`` as
+   before. Nothing else changes: the same calls, in the same order, on the same tensors.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -1034,6 +1042,34 @@ def foreach_fp32_copies(fp16_optimizer):
     mixin._sync_fp32_params_to_fp16 = _sync_fp32_params_to_fp16
 
 
+# ---------------------------------------------------------------- 16. optimizers without torch._dynamo
+def _until_dynamo(fn, recursive):
+    """What torch's ``_disable_dynamo`` wrapper of ``fn`` calls (its ``__dynamo_disable`` cache): ``fn`` itself
+    while ``torch._dynamo`` is not imported (nothing can be compiling), torch's ``disable`` of it once it is."""
+
+    def call(*args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        disabled = sys.modules["torch._dynamo"].disable(fn, recursive, wrapping=False)
+        setattr(fn, "__dynamo_disable", disabled)  # torch's own cache from now on
+        return disabled(*args, **kwargs)
+
+    call._fairseq_idpg_compat = True
+    return call
+
+
+def optimizer_without_dynamo_import(optimizer):
+    """Fix 16 in ``torch.optim.optimizer``: each ``Optimizer`` method wrapped by ``torch._disable_dynamo``."""
+    for method in vars(optimizer.Optimizer).values():
+        code = getattr(method, "__code__", None)  # the wrapper's own (functools.wraps copies the names)
+        if code is None or code.co_qualname != "_disable_dynamo.<locals>.inner":
+            continue
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in method.__closure__ or ()), strict=True))
+        fn = cells.get("fn")
+        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", _until_dynamo(fn, cells.get("recursive", True)))
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
@@ -1048,6 +1084,7 @@ _POST_IMPORT = {
     "fairseq_cli.train": lambda module: one_line_cli_errors(module, "fairseq-train"),
     "fairseq_cli.validate": _patch_validate,
     "hydra.core.plugins": hydra_plugin_scan_without_find_module,
+    "torch.optim.optimizer": optimizer_without_dynamo_import,
     "fairseq.dataclass.utils": _patch_loaded_hydra,
 }
 

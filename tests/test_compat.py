@@ -448,3 +448,32 @@ def test_fp16_training_on_the_cpu_skips_overflowing_updates(tmp_path, tiny):
     ]
     assert scales and scales[0] == 2.0**39 and all(b == a / 2 for a, b in zip(scales, scales[1:], strict=False))
     assert "num_updates 3 " in log and f"loss_scale {scales[-1]:g} " in log
+
+
+OPTIMIZER_WITHOUT_COMPILER = """
+import sys
+
+import torch
+from fairseq.optim.adam import Adam
+
+p = torch.nn.Parameter(torch.zeros(3))
+adam = Adam([p], lr=0.1)  # fairseq's (compat fix 14's foreach update)
+p.grad = torch.ones(3)
+adam.step()
+adam.zero_grad()
+adam.load_state_dict(adam.state_dict())
+print("torch._dynamo" in sys.modules, torch.allclose(p, torch.full((3,), -0.1)))  # one Adam step of lr 0.1
+import torch._dynamo  # as torch.compile would: from now on torch's own disable wraps the methods
+
+adam.zero_grad()
+cached = getattr(torch.optim.Optimizer.zero_grad.__wrapped__, "__dynamo_disable")
+print(getattr(cached, "_fairseq_idpg_compat", False))
+"""
+
+
+def test_an_optimizer_is_built_and_saved_without_importing_the_compiler():
+    """Fix 16: building, stepping, zeroing, saving and loading fairseq's Adam in a fresh process never imports
+    torch._dynamo (about 2 s of CPU per fairseq-train); once it is imported, torch's own disable takes over."""
+    out = run_python(OPTIMIZER_WITHOUT_COMPILER)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "False"]

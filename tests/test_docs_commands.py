@@ -140,7 +140,7 @@ RULES = [
     ),
     (r": python3? scripts/count_params\.py ", "run", ""),
     (r": python3? scripts/benchmark_\w+\.py", "help", "a benchmark: minutes of timing"),
-    (r": python3? scripts/bench_(serving|fused|updates)\.py", "help", "a benchmark: minutes of timing"),
+    (r": python3? scripts/bench_(serving|fused|updates|start)\.py", "help", "a benchmark: minutes of timing"),
     (
         r"^docs/serving\.md: python3? -m fairseq_idpg\.serve ",
         "help",
