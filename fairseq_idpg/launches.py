@@ -46,7 +46,6 @@ import contextlib
 import os
 import sys
 import threading
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from unittest import mock
@@ -54,6 +53,8 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
+
+from fairseq_idpg.host_tensors import is_host, on_host
 
 NO_KERNEL = frozenset(
     {
@@ -166,20 +167,7 @@ class Launches:
         return sum(self.syncs.values())
 
 
-_HOST = {}  # id -> weak reference of the host tensors (module docstring); not a WeakSet: it compares with ==
 _HOST_MAKERS = frozenset({"new_tensor", "new_zeros", "new_ones", "new_full", "new_empty"})
-
-
-def on_host(tensor):
-    """Mark ``tensor`` as one a GPU run keeps on the host (module docstring); returns it."""
-    key = id(tensor)
-    _HOST[key] = weakref.ref(tensor, lambda _: _HOST.pop(key, None))
-    return tensor
-
-
-def _is_host(tensor):
-    ref = _HOST.get(id(tensor))
-    return ref is not None and ref() is tensor
 
 
 def _tensors(args):
@@ -195,7 +183,7 @@ class _Counting(TorchDispatchMode):
     def _on_host(self, args):
         """Whether every tensor argument is one a CUDA run keeps on the host (``on_host``, ``host``)."""
         tensors = _tensors(args)
-        return bool(tensors) and all(id(t) in self.host or _is_host(t) for t in tensors)
+        return bool(tensors) and all(id(t) in self.host or is_host(t) for t in tensors)
 
     def count(self, name):
         self.launches.by_op[name] += 1
@@ -212,7 +200,7 @@ class _Counting(TorchDispatchMode):
         else:
             self.launches.skipped[name] += 1
         out = func(*args, **(kwargs or {}))
-        if host and any(_is_host(t) for t in _tensors(args)):  # computed from host tensors alone: a host tensor
+        if host and any(is_host(t) for t in _tensors(args)):  # computed from host tensors alone: a host tensor
             for t in _tensors(out if isinstance(out, (list, tuple)) else [out]):
                 on_host(t)
         return out
@@ -229,7 +217,7 @@ class _HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        host = bool(args) and isinstance(args[0], torch.Tensor) and _is_host(args[0])
+        host = bool(args) and isinstance(args[0], torch.Tensor) and is_host(args[0])
         if host and name == "to" and _to_device(args[1:], kwargs):
             self.launches.by_op["_to_copy"] += 1  # a host tensor copied to the device: one launch
             self.launches.by_line[source_line(_python_frames())] += 1
@@ -246,7 +234,7 @@ def _to_device(args, kwargs):
     name: a host tensor moved there is a copy to the device in a GPU run."""
     device = kwargs.get("device", args[0] if args else None)
     if isinstance(device, torch.Tensor):
-        return not _is_host(device)
+        return not is_host(device)
     return isinstance(device, (torch.device, str)) and not _to_host([device], {})
 
 
@@ -630,21 +618,7 @@ def update_launches(name, shape, dtype=torch.bfloat16, warmup=2, trace=True, fol
 
 
 # ---------------------------------------------------------------------------------------- runs trained together
-MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
 HOST_DATA = ("fairseq/data/", "fairseq_idpg/data/")  # source lines of the data pipeline
-
-
-def without_member_flags(argv):
-    """A run's fairseq-train flags without its own ``--lr``, ``--seed`` and ``--save-dir`` (a group's shared ones)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in MEMBER_FLAGS:
-            skip = True
-        else:
-            out.append(arg)
-    return out
 
 
 def fused_update_launches(name, shape, dtype, k, folder, warmup=3):
@@ -655,8 +629,9 @@ def fused_update_launches(name, shape, dtype, k, folder, warmup=3):
     the lone count reuses its batch). Counted though a GPU run keeps them on the host: the fairseq meters' sums
     made in the warm-up rounds (an overcount of a few a member)."""
     from fairseq_idpg.fused.train import train_group
+    from fairseq_idpg.member_flags import split_own
 
-    shared = without_member_flags(train_argv(name, shape, dtype, folder))
+    shared, _ = split_own(train_argv(name, shape, dtype, folder))
     shared += ["--max-update", str(warmup + 2), "--validate-interval-updates", "1000", "--disable-validation"]
     members = [
         ["--lr", "1e-4", "--seed", str(s), "--save-dir", os.path.join(folder, f"m{k}", str(s))] for s in range(k)

@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from fairseq_idpg.launches import on_host
+from fairseq_idpg.host_tensors import on_host
 
 from . import criterion as batched
 from .stacked import StackedMembers

@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from fairseq_idpg.errors import ConfigError, argparse_error, refuse
+from fairseq_idpg.member_flags import MEMBER_FLAGS
 
 from .group import FusedGroup
 
 PROG = "python -m fairseq_idpg.fused.train"
-MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq-train's
 _current = threading.local()  # the member whose thread this is
 

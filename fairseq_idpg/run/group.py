@@ -21,6 +21,7 @@ import sys
 import time
 
 from fairseq_idpg.errors import ConfigError, RunError
+from fairseq_idpg.member_flags import split_own
 from fairseq_idpg.run.execution import (
     checkpoint_updates,
     diverged_line,
@@ -33,8 +34,6 @@ from fairseq_idpg.run.execution import (
 from fairseq_idpg.run.processes import ONE_LINE_ERROR, Refused, tee
 from fairseq_idpg.run.record import read_run_folder, write_json, write_record
 
-MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
-
 
 def fairseq_train_args(p):
     """The fairseq-train arguments of a plan's launcher command (one device: what the launcher would run)."""
@@ -44,19 +43,6 @@ def fairseq_train_args(p):
     if opts.nproc != 1:
         raise ConfigError(f"{p.folder.name}: fused runs train on one device; give --nproc 1")
     return cmd[1:]
-
-
-def split_own(args):
-    """(the arguments without the member's own flags, [--lr X --seed Y --save-dir Z])."""
-    rest, own, i = [], {}, 0
-    while i < len(args):
-        if args[i] in MEMBER_FLAGS and i + 1 < len(args):
-            own[args[i]] = args[i + 1]
-            i += 2
-        else:
-            rest.append(args[i])
-            i += 1
-    return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
 
 
 def trains_alone(p):

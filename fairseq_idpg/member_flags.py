@@ -1,0 +1,19 @@
+"""The flags in which the runs of a fused group differ: each member's own ``--lr``, ``--seed`` and ``--save-dir``;
+every other fairseq-train flag is the group's, given once. A leaf, read by the group's launcher
+(``run/group.py``), the fused trainer (``fused/train.py``) and the launch counter (``launches.py``)."""
+
+MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
+
+
+def split_own(args):
+    """(a run's fairseq-train arguments without its ``MEMBER_FLAGS``, those flags as ``[--lr X --seed Y --save-dir
+    Z]``): the group's shared flags and one ``--member``'s."""
+    rest, own, i = [], {}, 0
+    while i < len(args):
+        if args[i] in MEMBER_FLAGS and i + 1 < len(args):
+            own[args[i]] = args[i + 1]
+            i += 2
+        else:
+            rest.append(args[i])
+            i += 1
+    return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
