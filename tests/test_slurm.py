@@ -69,7 +69,7 @@ def refused(capsys, argv):
     return code, err[0]
 
 
-SPEC = "name: s\nmodel: standin\ntasks: [RTE]\nmethods: [lora]\nlrs: recipe\nseeds: [1]\nmax_update: {updates}\n"
+SPEC = "name: s\nmodel: standin\ntasks: [SST-2]\nmethods: [lora]\nlrs: recipe\nseeds: [1]\nmax_update: {updates}\n"
 
 
 # ---------------------------------------------------------------------------------------- a run's environment
@@ -167,7 +167,7 @@ def test_time_under_the_estimate_is_one_line(slurm, glue_slices, standin_model, 
     code = sweep.main(argv + ["--cpus-per-run", "1", "--time", "1", "--timings", str(timings)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err and not err[-1].startswith("warning:"), err  # warnings: the slices' sizes
-    assert re.fullmatch(r"sweep: error: --time 1: the longest run \(RTE\.lora\.lr-recipe\.seed1\) needs about "
+    assert re.fullmatch(r"sweep: error: --time 1: the longest run \(SST-2\.lora\.lr-recipe\.seed1\) needs about "
                         r"\S+ by the estimate \(.*timings\.json; sweep\.sh --dry-run shows it\); valid: --time \d+ "
                         r"or more", err[-1]), err[-1]  # fmt: skip
     assert not submitted_since(before) and not (tmp_path / "sweeps" / "s" / "slurm").exists()
@@ -454,7 +454,7 @@ def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_s
 
 # ---------------------------------------------------------------------------------------- one run, two executors (slow)
 ONE = SPEC.format(updates=4) + "args: [--total-batch, 8]\n"
-ONE_RUN = "RTE.lora.lr-recipe.seed1"
+ONE_RUN = "SST-2.lora.lr-recipe.seed1"
 
 
 def finished_folder(work):

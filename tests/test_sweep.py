@@ -342,10 +342,10 @@ def test_slurm_job_array_submitit_would_submit(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------- end to end (slow)
 SMOKE = """
 name: smoke
-description: CI smoke sweep on the stand-in, 4 updates each, prompt tuning on MRPC, LoRA on RTE at an lr that diverges
+description: CI smoke sweep on the stand-in, 4 updates each, prompt tuning on MRPC, LoRA on SST-2 at an lr that diverges
 model: standin
-tasks: [RTE, MRPC]
-methods: [{method: prompt-tuning-5, tasks: [MRPC]}, {method: lora, tasks: [RTE], lrs: [1.0e-3, 1.0e+10]}]
+tasks: [SST-2, MRPC]
+methods: [{method: prompt-tuning-5, tasks: [MRPC]}, {method: lora, tasks: [SST-2], lrs: [1.0e-3, 1.0e+10]}]
 lrs: recipe
 seeds: [1, 2]
 max_update: 4
@@ -359,7 +359,7 @@ def records_of(folder):
 
 @pytest.fixture(scope="module")
 def smoke(glue_slices, tmp_path_factory):
-    """The smoke sweep on small slices of the real RTE and MRPC files, interrupted after 2 runs
+    """The smoke sweep on small slices of the real SST-2 and MRPC files, interrupted after 2 runs
     finished, then run again to the end."""
     work = tmp_path_factory.mktemp("sweep")
     spec = write_spec(work, SMOKE)
@@ -412,7 +412,7 @@ def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
     assert len({(r["task"], r["label"], r["lr"], r["seed"]) for r in records}) == 6
     # lr 1e10 diverges: a result without a score, listed as diverged, not failed
     diverged = [r for r in records if r.get("diverged")]
-    assert sorted((r["task"], r["label"], r["lr"]) for r in diverged) == [("RTE", "lora", 1e10)] * 2
+    assert sorted((r["task"], r["label"], r["lr"]) for r in diverged) == [("SST-2", "lora", 1e10)] * 2
     assert all(r["score"] is None and r["results"] == {} for r in diverged)
     assert (smoke["first"] + second.stdout).count(" diverged at update ") == 2
     # at most 2 at a time: never 3 runs reported running
@@ -430,7 +430,7 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
     table = pd.read_csv(out / "table.csv")
     records = [json.loads(p.read_text()) for p in records_of(smoke["records"])]
-    for task, label in (("MRPC", "prompt-tuning-5"), ("RTE", "lora")):
+    for task, label in (("MRPC", "prompt-tuning-5"), ("SST-2", "lora")):
         chosen = [r for r in records if r["task"] == task and r["label"] == label and not r.get("diverged")]
         values = [r["results"]["valid"][r["metric"]] for r in chosen]
         row = table[(table["task"] == task) & (table["label"] == label)]
@@ -438,10 +438,10 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
         assert row["mean"].item() == pytest.approx(statistics.mean(values), abs=1e-4)  # table.csv: 4 decimals
         assert row["std"].item() == pytest.approx(statistics.stdev(values), abs=1e-4)
         assert row["n"].item() == 2 and row["diverged"].item() == 0
-    # LoRA on RTE: the lr that diverged (1e10) is not chosen; LoRA did not run on MRPC
+    # LoRA on SST-2: the lr that diverged (1e10) is not chosen; LoRA did not run on MRPC
     lora = table[table["label"] == "lora"].set_index("task")
-    assert float(lora.loc["RTE", "lr"]) == 1e-3 and pd.isna(lora.loc["MRPC", "mean"])
-    assert (out / "table.md").read_text().count("±") >= 2  # the two cells that ran: MRPC prompt tuning, RTE LoRA
+    assert float(lora.loc["SST-2", "lr"]) == 1e-3 and pd.isna(lora.loc["MRPC", "mean"])
+    assert (out / "table.md").read_text().count("±") >= 2  # the two cells that ran: MRPC prompt tuning, SST-2 LoRA
     for png in ("bars.png", "curves.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -452,16 +452,16 @@ def test_a_second_sweep_skips_a_run_another_process_trains(smoke, tmp_path):
     """Two sweeps over one spec: a run whose folder another process holds (its lock, as a sweep's run.py
     holds it while training) is skipped and said so, not trained twice and not listed as failed."""
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(smoke["spec"]), "--work-dir", str(smoke["work"])]
-    cmd += ["--tasks", "RTE", "--methods", "lora", "--seeds", "1", "--max-update", "2", "--records", str(tmp_path)]
+    cmd += ["--tasks", "SST-2", "--methods", "lora", "--seeds", "1", "--max-update", "2", "--records", str(tmp_path)]
     dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, timeout=300, cwd=REPO, env=smoke["env"])
-    folders = re.findall(r"^RTE .* 2 updates  -> (\S+)$", dry.stdout, flags=re.M)
+    folders = re.findall(r"^SST-2 .* 2 updates  -> (\S+)$", dry.stdout, flags=re.M)
     assert len(folders) == 2, dry.stdout[-3000:]  # lr 1e-3 and 1e10 (diverges), 2 updates: not run by the smoke sweep
     held = Path(folders[0])
     held.mkdir(parents=True)
     with held_by_another_process(held):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=smoke["env"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    note = r"  in use: RTE\.lora\.lr\S+\.seed1 \(another process trains it\); skipped$"
+    note = r"  in use: SST-2\.lora\.lr\S+\.seed1 \(another process trains it\); skipped$"
     assert re.search(note, done.stdout, flags=re.M)
     progress = "[sweep smoke] 1/2 done (0 cached, 1 diverged), 0 running, 0 failed, 1 in use elsewhere, 0 left"
     assert progress in done.stdout
