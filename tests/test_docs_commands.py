@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from preloaded_support import preloaded
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").glob("*/README.md"))]
@@ -203,8 +204,13 @@ def checks(how_wanted):
 
 
 def run(argv, cwd=REPO, env=None, timeout=300):
+    """The command's result: a dry run or usage of the package's commands in a fork of an interpreter that
+    imported the package once (tests/preloaded_support.py), anything else as a process of its own."""
     argv = [sys.executable if a in ("python", "python3") else a for a in argv]
     environment = {**os.environ, **(env or {})}
+    done = preloaded.run(argv, cwd=cwd, env=environment, timeout=timeout)
+    if done is not None:
+        return done
     return subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
 
 
