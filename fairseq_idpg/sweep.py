@@ -1015,7 +1015,10 @@ def _outcome(plans, spec, progress, failures, records, sweep_dir):
             "move each file away and run this sweep again"
         )
     if progress.cancelled:
-        print(f"{progress.cancelled} run(s) cancelled (scancel): run this sweep again to run them")
+        print(
+            f"{progress.cancelled} run(s) cancelled (scancel): run this sweep again to train them (each resumes "
+            "from its last checkpoint where it saved one)"
+        )
     if failed:
         print(f"{len(failed)} run(s) failed (details in {sweep_dir / 'failures.json'}):")
         for name in failed:

@@ -309,7 +309,7 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     assert f"cancelled: {AGAIN} (job {ids[AGAIN]}, scancel); not run" in out
     assert re.search(rf"FAILED {re.escape(PT2)} \(job {ids[PT2]}: FAILED", out), out[-3000:]
     assert "[sweep slurm] 3/5 done (0 cached), 0 running, 1 failed, 1 cancelled, 0 left" in out
-    assert "1 run(s) cancelled (scancel): run this sweep again to run them" in out
+    assert "1 run(s) cancelled (scancel): run this sweep again to train them (each resumes from its last" in out
     logs = work / "sweeps" / "slurm" / "logs"
     assert "time limit near or preempted: requeued" in (logs / f"{LORA1}.log").read_text()
     # ran, requeued by the cluster, ran again: the second job's first line says so
@@ -541,6 +541,8 @@ def test_progress_counts_held_tasks_as_left_and_a_cancelled_run_resumes(slurm, g
                       r"resume it", out)  # fmt: skip
     assert found and int(found.group(1)) >= 2, out[-3000:]
     assert "[sweep two] 1/2 done (0 cached), 0 running, 0 failed, 1 cancelled, 0 left" in out
+    assert ("1 run(s) cancelled (scancel): run this sweep again to train them (each resumes from its last checkpoint "
+            "where it saved one)") in out  # fmt: skip
 
     assert sweep.main(argv) == 0
     assert "[sweep two] 2/2 done (1 cached)" in capsys.readouterr().out
