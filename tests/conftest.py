@@ -38,11 +38,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The suite runs on WORKERS pytest-xdist processes by default: its time is mostly single-threaded interpreter
-# starts (fairseq-train, run.sh, sweep.sh), and a worker also waits (on Slurm's scheduler, a server starting,
-# a sweep's poll), so one worker more than the CI machine's 2 cores keeps both busy. `-n N` sets another
-# count, `-n 0` or `-p no:xdist` runs one process. Set here, not by addopts in pyproject.toml: `-n` there
-# would be an unknown option under `-p no:xdist`.
-WORKERS = 3
+# starts (fairseq-train, run.sh, sweep.sh), so 2 workers fill the CI machine's 2 cores (3 took the same 56 min
+# and 9 more CPU-minutes: the waits a third would fill are short beside the contention it adds). `-n N` sets
+# another count, `-n 0` or `-p no:xdist` runs one process. Set here, not by addopts in pyproject.toml: `-n`
+# there would be an unknown option under `-p no:xdist`.
+WORKERS = 2
 # Each worker (and what it starts: fairseq-train, torchrun) gets its share of the cores as torch threads,
 # read from the environment when torch starts, so that the workers do not fight over the cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
