@@ -214,6 +214,17 @@ def run(argv, cwd=REPO, env=None, timeout=300):
     return subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
 
 
+def test_a_dry_run_in_a_fork_of_the_preloaded_interpreter_prints_what_its_own_process_prints():
+    """What ``run`` relies on: the fork path is taken here (one thread after the imports), and a sweep's dry run
+    in it prints, exits and writes what the same command as a process of its own does."""
+    argv = ["scripts/sweep.sh", "examples/idpg/smoke.yaml", "--dry-run"]
+    forked = preloaded.run(argv, cwd=REPO, env=dict(os.environ))
+    assert preloaded.forkable and forked is not None
+    alone = subprocess.run(["bash", *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+    assert forked.returncode == 0 and "smoke" in forked.stdout
+
+
 RUN_HERE = checks({"run"})
 PARSED = checks({"help", "dry-run", "syntax", "elsewhere:tests/test_interop.py", "elsewhere:tests/test_fresh_clone.py"})
 PARSED = {check: command for check, command in PARSED.items() if check not in RUN_HERE}  # once is enough
