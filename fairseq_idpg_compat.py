@@ -1058,16 +1058,22 @@ def _until_dynamo(fn, recursive):
     return call
 
 
-def optimizer_without_dynamo_import(optimizer):
-    """Fix 16 in ``torch.optim.optimizer``: each ``Optimizer`` method wrapped by ``torch._disable_dynamo``."""
-    for method in vars(optimizer.Optimizer).values():
+def dynamo_guarded(cls):
+    """(function, recursive) of each method of ``cls`` that torch wrapped in ``torch._disable_dynamo``."""
+    for method in vars(cls).values():
         code = getattr(method, "__code__", None)  # the wrapper's own (functools.wraps copies the names)
         if code is None or code.co_qualname != "_disable_dynamo.<locals>.inner":
             continue
         cells = dict(zip(code.co_freevars, (c.cell_contents for c in method.__closure__ or ()), strict=True))
-        fn = cells.get("fn")
-        if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
-            setattr(fn, "__dynamo_disable", _until_dynamo(fn, cells.get("recursive", True)))
+        if cells.get("fn") is not None:
+            yield cells["fn"], cells.get("recursive", True)
+
+
+def optimizer_without_dynamo_import(optimizer):
+    """Fix 16 in ``torch.optim.optimizer``: each ``Optimizer`` method wrapped by ``torch._disable_dynamo``."""
+    for fn, recursive in dynamo_guarded(optimizer.Optimizer):
+        if getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", _until_dynamo(fn, recursive))
 
 
 # ---------------------------------------------------------------- post-import hook

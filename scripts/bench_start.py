@@ -25,9 +25,9 @@ import sys, time
 import torch
 from fairseq.optim.adam import Adam
 if {torch_alone}:  # undo fix 16: torch's wrappers import torch._dynamo at their first call, as without the fix
-    for method in vars(torch.optim.Optimizer).values():
-        if getattr(getattr(method, "__code__", None), "co_qualname", "") == "_disable_dynamo.<locals>.inner":
-            setattr(method.__wrapped__, "__dynamo_disable", None)
+    from fairseq_idpg_compat import dynamo_guarded
+    for fn, _ in dynamo_guarded(torch.optim.Optimizer):
+        setattr(fn, "__dynamo_disable", None)
 p = torch.nn.Parameter(torch.zeros(1000))
 start = time.process_time()
 adam = Adam([p], lr=1e-3)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,7 @@ class Preloaded:
     def __init__(self):
         self.driver, self.forkable = None, True
         self.folder = tempfile.mkdtemp(prefix="preloaded-")
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
 
     def _start(self):
         # numpy's BLAS starts a pool of threads at import unless it has one: the driver's only (each command gets
