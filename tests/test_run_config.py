@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_idpg import run as main_job
-from fairseq_idpg.run.identity import SETTINGS_BEFORE_HASHING, settings_before_hashing
+from fairseq_idpg.run.identity import NAMED_WITH_UNCHANGED_FLAGS, SETTINGS_BEFORE_HASHING, settings_before_hashing
 from fairseq_idpg.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,6 +285,52 @@ def test_a_changed_preset_or_default_is_another_run(shared_data, standin, tmp_pa
     lowrank = dataclasses.replace(record, name="m-idpg-phm", options={**record.options, "idpg_layer_bias_rank": 2})
     monkeypatch.setitem(METHODS, record.name, lowrank)
     assert name() not in (first, other, default)
+
+
+def folder_of(argv, work):
+    """The run folder ``scripts/run.sh ARGV`` trains in, its hash filled in (a dry run prints <hash> until the data
+    is prepared)."""
+    config, folder, _ = planned(argv, work)
+    return folder.with_name(folder.name.replace("<hash>", main_job.config_hash(config)))
+
+
+def test_a_setting_spelled_as_a_flag_a_preset_or_a_default_is_one_run(shared_data, standin, tmp_path):
+    """One model and training, one folder: LoRA's rank as its record's preset gives it or as a flag of that value,
+    a family default left unsaid or given, a run option at its default or the recipe's value; a flag that changes
+    the model is another run, and what it leaves as it is does not enter config.json beside it."""
+    lora, work = ["RTE", "--method", "lora"], tmp_path / "work"
+    spellings = {
+        "preset": lora,
+        "flag at the preset's value": [*lora, "--lora-rank", "16"],
+        "flags at the family's defaults": [*lora, "--lora-dropout", "0.1", "--lora-alpha=32"],
+        "the preset named again": [*lora, "--blocks-preset", "lora"],
+        "a block left off": [*lora, "--adapter-dim", "8"],
+        "the last value given wins": [*lora, "--lora-rank", "8", "--lora-rank", "16"],
+        "run options at their defaults": [*lora, "--seed", "1", "--data-seed", "1", "--nproc", "1"],
+        "the recipe's lr and batch": [*lora, "--lr", "2e-4", "--total-batch", "16"],
+    }
+    folders = {how: folder_of(argv, work) for how, argv in spellings.items()}
+    assert folders == {how: folders["preset"] for how in spellings}
+    rank8 = folder_of([*lora, "--lora-rank", "8"], work)
+    assert rank8 != folders["preset"] and folder_of([*lora, "--lora-rank", "8", "--lora-alpha", "32"], work) == rank8
+    config = planned([*lora, "--lora-dropout", "0.1", "--lora-rank", "8", "--dropout", "0.2"], work)[0]
+    assert config["extra_args"] == ["--lora-rank", "8", "--dropout", "0.2"]
+    # where IDPG's M(x) is kept: how the model computes, not what
+    idpg = GOLDEN["frozen"][0]
+    assert folder_of([*idpg, "--idpg-cache", "memory", "--idpg-sharing", "M"], work) == folder_of(idpg, work)
+
+
+def test_a_spelling_named_before_keeps_its_name_and_takes_in_its_twin(shared_data, standin, tmp_path):
+    """examples/idpg/ablation-multilayer.yaml's layer0-M-m256 gives m-idpg-phm its own --idpg-sharing M: its runs
+    were named with that flag, and keep the name (the spec's pinned names, below); the same run spelled without it
+    is named as they are."""
+    (named,) = NAMED_WITH_UNCHANGED_FLAGS["m-idpg-phm"]
+    at = named.index("--idpg-sharing")
+    argv = ["SST-2", "--method", "m-idpg-phm", "--fp16"]
+    without = [*argv, *named[:at], *named[at + 2 :]]
+    with_flag, twin = folder_of([*argv, *named], tmp_path), folder_of(without, tmp_path)
+    assert twin == with_flag and planned(without, tmp_path)[0]["extra_args"] == list(named)
+    assert folder_of([*argv, *named[:at], "--idpg-sharing", "S", *named[at + 2 :]], tmp_path) != with_flag
 
 
 def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, standin, tmp_path, capsys):

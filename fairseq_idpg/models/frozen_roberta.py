@@ -174,13 +174,24 @@ class FrozenBackboneRobertaModel(RobertaModel):
         """Fill ``args``'s model settings left unset (the architecture's preset, then its defaults). None here."""
 
     @classmethod
+    def resolved_options(cls, options):
+        """``options`` with every setting the architecture fills (its preset, then its defaults), sorted: each option
+        a flag can set on the model (``fairseq_idpg/run/identity.py`` reads such flags among a run's extra ones)."""
+        args = argparse.Namespace(**options)
+        cls.resolve_settings(args)
+        return dict(sorted(vars(args).items()))
+
+    @classmethod
+    def runtime_options(cls):
+        """The options that change how, not what, the model computes: no part of a run's identity."""
+        return {*cls.RUNTIME_OPTIONS, *COMPILE_OPTIONS}
+
+    @classmethod
     def model_settings(cls, options):
         """The settings a method with these ``options`` is built with (sorted), minus ``RUNTIME_OPTIONS``: what a
         run's identity records of its model (config.json's ``method.settings``; ``fairseq_idpg/run/identity.py``)."""
-        args = argparse.Namespace(**options)
-        cls.resolve_settings(args)
-        runtime = {*cls.RUNTIME_OPTIONS, *COMPILE_OPTIONS}
-        return {k: v for k, v in sorted(vars(args).items()) if k not in runtime}
+        runtime = cls.runtime_options()
+        return {k: v for k, v in cls.resolved_options(options).items() if k not in runtime}
 
     def __init__(self, args, encoder):
         if type(encoder) is RobertaEncoder:

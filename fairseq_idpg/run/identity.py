@@ -16,8 +16,14 @@ Finished runs keep their folders across changes of what is hashed:
   any change of its preset or of a default it relies on gives new settings, so a new folder;
 - a fairseq-train flag that becomes a run option stays in ``extra_args`` where it was given
   (``fairseq_idpg/run_config.py``), so its runs keep their folder.
+
+The same model and training spelled otherwise is the same run: a run option at its default is left out of
+config.json (``RunConfig.config_options``), and so is an extra flag that sets the method's model to what it
+already is (its preset's value, its family's default, or how rather than what it computes:
+``canonical_extra_args``); config.json's ``extra_args`` are the others, as given.
 """
 
+import argparse
 import hashlib
 import json
 from functools import cache
@@ -38,6 +44,93 @@ def model_settings(method):
     named there, then the defaults; only what shapes the model). {} for a stock fairseq model."""
     settings = getattr(method.model_class, "model_settings", None)
     return settings(method.options) if settings is not None else {}
+
+
+# Runs named while an extra flag at its method's own value was still hashed, spelled so in a committed spec: the
+# method and the extra flags as given (examples/idpg/ablation-multilayer.yaml's layer0-M-m256 gives m-idpg-phm
+# its own --idpg-sharing M). The same run spelled without that flag is named as these were. Never edited.
+NAMED_WITH_UNCHANGED_FLAGS = {
+    "m-idpg-phm": (
+        ("--fp16-init-scale", "4", "--threshold-loss-scale", "1", "--fp16-scale-window", "128",
+         "--idpg-layer-input", "first", "--idpg-sharing", "M", "--idpg-hidden", "256"),
+    ),
+}  # fmt: skip
+
+
+def canonical_extra_args(method, extra_args):
+    """config.json's ``extra_args``: the extra fairseq-train flags of a run of ``method`` as given, less each flag
+    that leaves its model as it is (``unchanged_model_flags``), so that a model spelled by its preset, by its
+    family's defaults or by flags giving those values is one run, in one folder. A spelling runs were named by
+    before (``NAMED_WITH_UNCHANGED_FLAGS``) is kept as it was named."""
+    canonical = without_unchanged_model_flags(method, tuple(extra_args))
+    for named in NAMED_WITH_UNCHANGED_FLAGS.get(method.name, ()):
+        if without_unchanged_model_flags(method, named) == canonical:
+            return list(named)
+    return list(canonical)
+
+
+def without_unchanged_model_flags(method, extra_args):
+    """``extra_args`` (a tuple) less the flags, with their values, of ``unchanged_model_flags``."""
+    given = model_flags(method, extra_args)
+    unchanged = unchanged_model_flags(method, given)
+    if not unchanged:
+        return extra_args
+    parser, kept, skip = model_flag_parser(method.model_class), [], 0
+    for token in extra_args:
+        if skip:
+            skip -= 1
+            continue
+        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("--") else None
+        if action is not None and action.dest in unchanged:
+            skip = 0 if "=" in token or action.nargs == 0 else 1  # --flag VALUE, --flag=VALUE or a switch
+            continue
+        kept.append(token)
+    return tuple(kept)
+
+
+def unchanged_model_flags(method, given):
+    """The options of ``given`` (``model_flags``) whose flags leave the model as it is: left out one at a time, the
+    settings it is built with stay those of all of them (a value its preset or its family's default already
+    gives, or an option of how it computes, which no settings hold)."""
+    if not given:
+        return set()
+    settings = method.model_class.model_settings
+    built, kept = settings({**method.options, **given}), dict(given)
+    for option in given:
+        fewer = {k: v for k, v in kept.items() if k != option}
+        if settings({**method.options, **fewer}) == built:
+            kept = fewer
+    return set(given) - set(kept)
+
+
+def model_flags(method, extra_args):
+    """{option: value} of the flags among ``extra_args`` that set an option of ``method``'s model (the last one
+    given wins); {} for a stock fairseq model, and for flags its parser refuses (fairseq-train then says why)."""
+    model_class = method.model_class
+    if not hasattr(model_class, "resolved_options") or not any(a.startswith("--") for a in extra_args):
+        return {}
+    options = {*model_class.resolved_options(method.options), *model_class.runtime_options()}
+    try:
+        given, _ = model_flag_parser(model_class).parse_known_args(list(extra_args))
+    except ValueError:
+        return {}
+    return {k: v for k, v in vars(given).items() if k in options}
+
+
+def _refuse(message):
+    raise ValueError(message)
+
+
+@cache
+def model_flag_parser(model_class):
+    """A parser of ``model_class``'s flags that yields only those given: no defaults, any value of a choice (the
+    model's checks are fairseq-train's), a value it cannot read a ValueError (argparse would exit)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.error = _refuse
+    model_class.add_args(parser)
+    for action in parser._actions:
+        action.default, action.choices = argparse.SUPPRESS, None
+    return parser
 
 
 def format_lr(lr):

@@ -14,7 +14,7 @@ from fairseq_idpg.errors import ConfigError, RunError
 from fairseq_idpg.run.backbone import find_backbone, sha256, weights_sha256
 from fairseq_idpg.run.budget import budget_line, decide_budget, lr_and_batch
 from fairseq_idpg.run.command import check_train_command, train_command
-from fairseq_idpg.run.identity import config_hash, model_settings, run_name
+from fairseq_idpg.run.identity import canonical_extra_args, config_hash, model_settings, run_name
 from fairseq_idpg.run.prepared import data_for
 from fairseq_idpg.run_config import RunConfig, canonical_task
 
@@ -136,7 +136,7 @@ def configuration(request, task, method, recipe, backbone, data, budget):
         "warmup_updates": budget.warmup_updates, "clip_norm": recipe.clip_norm, "dropout": recipe.dropout,
         "weight_decay": recipe.weight_decay, "select_on": budget.select, "valid_subset": budget.valid_subset,
         "metric": budget.metric, "max_tokens": request.max_tokens, "fp16": request.fp16,
-        "extra_args": list(request.extra_args),
+        "extra_args": canonical_extra_args(method, request.extra_args),  # less the flags that change nothing
         "layout": {"nproc": request.nproc, "batch_size": budget.batch_size, "update_freq": budget.update_freq},
         **({"head_lr": budget.head_lr} if budget.head_lr is not None else {}),  # added since: hashed only when set
         **request.config_options(),  # options added since: hashed only when not at their default
