@@ -64,8 +64,8 @@ def option(
 
     The blocks' ``size``: a rank or size where 0 turns the block off (>= 0; >= 1 when the method's settings
     give it >= 1). run.sh's (``run_config.py``): ``excludes`` (the other field, why), ``shown`` (always written
-    by ``argv()``), ``config`` (part of the run's configuration) and ``fairseq`` (a fairseq-train flag of the
-    same name, read from ``extra_args``, where it stays as given)."""
+    by ``argv()``), ``config`` (part of the run's configuration; not for a fairseq-train flag) and ``fairseq`` (a
+    fairseq-train flag of the same name, read from ``extra_args``, where it stays as given)."""
     if size and check is None:
         check = NON_NEGATIVE
     if isinstance(check, str) and not _CHECK.match(check):

@@ -14,11 +14,15 @@ request into one line naming the flag. The main job (``fairseq_idpg/run/``) reso
 run's configuration (the recipe's lr, the updates, the data's provenance: ``config.json``, whose hash
 names the run folder); ``RunConfig.from_config`` reads that back as the request that makes the same run.
 
-A new run option is one field here (``config=True`` when it changes what is trained: it is then written
-to config.json, and so hashed, when it is not at its default, so that finished runs keep their folder)
-plus the code that reads it. One that changes only how the run computes (``--nproc``, ``--compile-layers``)
-is neither ``config`` nor ``fairseq``: run.sh reads it (it never reaches ``extra_args``, which are hashed) and
-writes its fairseq-train flag (``run/command.py``), so the run keeps its folder with or without it.
+A new run option is one field here plus the code that reads it. Its kind keeps every finished run its folder:
+- a fairseq-train flag (a run could pass it through before it was typed) is ``fairseq=True``: it stays in
+  ``extra_args`` where it is given, so a run named by it there keeps that name (``config=True`` would hash it
+  apart, under its own key, and rename those runs: ``tests/test_run_config.py`` fails for such a field);
+- one fairseq-train has not that changes what is trained is ``config=True``: it is written to config.json,
+  and so hashed, when it is not at its default, so that finished runs keep their folder;
+- one that changes only how the run computes (``--nproc``, ``--compile-layers``) is neither: run.sh reads it
+  (it never reaches ``extra_args``, which are hashed) and writes its fairseq-train flag (``run/command.py``), so
+  the run keeps its folder with or without it.
 """
 
 import argparse

@@ -355,6 +355,74 @@ def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, s
     assert not (tmp_path / "w").exists()
 
 
+# run.sh's options that fairseq-train also has, typed apart from extra_args (each hashed under its own key, or not
+# at all) before the rule that such an option is ``fairseq=True``: a run that passed one through was named by
+# extra_args, and one given it typed since is named by its own key; either way its folder stays what it is.
+TYPED_APART_BEFORE = {"seed", "lr", "head_lr", "max_update", "batch_size", "update_freq", "max_tokens", "fp16", "bf16",
+                      "compile_layers", "compile_backend"}  # fmt: skip
+
+
+def fairseq_train_flags():
+    """The flags fairseq-train accepts with this plugin's task, blocks model and optimizer."""
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    components = ["--task", "peft_sentence_prediction", "--arch", "roberta_blocks", "--optimizer", "adam_head_lr"]
+    components += ["--lr-scheduler", "polynomial_decay", "--criterion", "sentence_prediction_metrics"]
+    input_args = ["DATA", "--user-dir", str(REPO / "fairseq_idpg"), *components]
+    options.parse_args_and_arch(parser, input_args=input_args, parse_known=True)  # adds the components' flags
+    return set(parser._option_string_actions)
+
+
+def typed_apart_from_extra_args(cls, accepted):
+    """The run options of ``cls`` (a ``RunConfig``) that fairseq-train accepts too (``accepted``: its flags) and that
+    do not stay in extra_args where they are given (``fairseq=True``)."""
+    from fairseq_idpg.options import flag
+
+    flags = {f.name for f, _ in cls.options() if f.default is not dataclasses.MISSING and flag(f.name) in accepted}
+    return {name for name in flags if not cls.__dataclass_fields__[name].metadata["fairseq"]}
+
+
+def with_option(name, **kind):
+    """RunConfig with one more run option, ``name`` (a float), declared with ``kind`` (``fairseq=True``...)."""
+    from typing import Optional
+
+    from fairseq_idpg.options import POSITIVE, option
+
+    field = option(None, "fairseq-train's own flag", "devices", check=POSITIVE, **kind)
+    return dataclasses.make_dataclass("Typed", [(name, Optional[float], field)], bases=(RunConfig,), frozen=True)
+
+
+def test_a_new_run_option_that_fairseq_train_has_stays_in_extra_args():
+    """Every run option that fairseq-train also has, but those typed before the rule, is ``fairseq=True``: a run
+    could pass its flag through before it was typed, and stays named by its extra_args (``config=True`` would
+    hash it apart, and rename those runs: next test)."""
+    accepted = fairseq_train_flags()
+    assert typed_apart_from_extra_args(RunConfig, accepted) == TYPED_APART_BEFORE
+    config_option = with_option("fp16_init_scale", config=True)
+    assert typed_apart_from_extra_args(config_option, accepted) == TYPED_APART_BEFORE | {"fp16_init_scale"}
+    assert typed_apart_from_extra_args(with_option("fp16_init_scale", fairseq=True), accepted) == TYPED_APART_BEFORE
+
+
+def test_a_flag_passed_through_then_typed_keeps_its_runs_folder(shared_data, standin, tmp_path, capsys):
+    """examples/idpg/ablation-generator.yaml passes --fp16-init-scale through to fairseq-train. Made a run option
+    (typed, checked) with ``fairseq=True``, the same command plans the same config.json, folder and fairseq-train
+    command; declared ``config=True`` instead, it would name another folder."""
+    argv = ["SST-2", "--method", "s-idpg-phm", "--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1"]
+    argv += ["--dry-run", "--work-dir", str(tmp_path / "work")]
+
+    def plan(cls):
+        p = main_job.plan(cls.from_argv(argv), log=main_job.quiet)
+        return p.config, main_job.config_hash(p.config), p.train
+
+    passed_through, typed = RunConfig.from_argv(argv), with_option("fp16_init_scale", fairseq=True).from_argv(argv)
+    assert passed_through.extra_args == typed.extra_args and typed.fp16_init_scale == 4.0
+    assert plan(with_option("fp16_init_scale", fairseq=True)) == plan(RunConfig)
+    assert plan(with_option("fp16_init_scale", config=True))[1] != plan(RunConfig)[1]
+    with pytest.raises(main_job.RunError, match="^--fp16-init-scale must be > 0, got 0.0$"):
+        with_option("fp16_init_scale", fairseq=True).from_argv(["SST-2", "--fp16-init-scale", "0"]).validate()
+
+
 # ---------------------------------------------------------------------------------------- the example specs
 # each example spec's distinct configurations (task, method, flags, data budget, head lr: the first run of each),
 # planned dry and normalized: the digest of their hashes, as at 84cf402 (before the model settings entered
