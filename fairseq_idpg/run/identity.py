@@ -64,7 +64,8 @@ def canonical_extra_args(method, extra_args):
     before (``NAMED_WITH_UNCHANGED_FLAGS``) is kept as it was named."""
     canonical = without_unchanged_model_flags(method, tuple(extra_args))
     for named in NAMED_WITH_UNCHANGED_FLAGS.get(method.name, ()):
-        if without_unchanged_model_flags(method, named) == canonical:
+        could_be = set(canonical) <= set(named)  # (a sweep plans thousands of runs: the others are not looked at)
+        if could_be and without_unchanged_model_flags(method, named) == canonical:
             return list(named)
     return list(canonical)
 
@@ -109,11 +110,13 @@ def model_flags(method, extra_args):
     model_class = method.model_class
     if not hasattr(model_class, "resolved_options") or not any(a.startswith("--") for a in extra_args):
         return {}
-    options = {*model_class.resolved_options(method.options), *model_class.runtime_options()}
     try:
         given, _ = model_flag_parser(model_class).parse_known_args(list(extra_args))
     except ValueError:
         return {}
+    if not vars(given):  # (the settings are resolved only for flags of the model's)
+        return {}
+    options = {*model_class.resolved_options(method.options), *model_class.runtime_options()}
     return {k: v for k, v in vars(given).items() if k in options}
 
 
