@@ -15,7 +15,8 @@ Finished runs keep their folders across changes of what is hashed:
   first recorded (``settings_before_hashing.json``, never edited) keeps the folder it always had;
   any change of its preset or of a default it relies on gives new settings, so a new folder;
 - a fairseq-train flag that becomes a run option stays in ``extra_args`` where it was given
-  (``fairseq_idpg/run_config.py``), so its runs keep their folder.
+  (``fairseq=True`` in ``fairseq_idpg/run_config.py``; a test refuses such an option hashed under a key of
+  its own), so the runs that passed it through keep their folder.
 
 The same model and training spelled otherwise is the same run: a run option at its default is left out of
 config.json (``RunConfig.config_options``), and so is an extra flag that sets the method's model to what it
