@@ -445,13 +445,16 @@ def recorded(run, p, records):
     of the checkout it ran in, whose hash includes that checkout's model path: the configurations are
     compared without paths (``portable_hash``), so a committed study resumes in a fresh clone. Before the data
     is prepared (a dry run), the configuration is that of the data it would prepare: a record equal to it is this
-    run's (the same raw files give the same rows), though the folder's name is not known yet."""
+    run's (the same raw files give the same rows), though the folder's name is not known yet. A record made before
+    config.json's extra_args left out the flags that change nothing has them as given: it is this run's too."""
     if p.config["model"]["sha256"] is None or p.config["data"]["provenance"] is None:
         return None
     prefix = p.folder.name.rsplit(".", 1)[0]  # lr<lr>.seed<seed>
-    by_file = json.loads(json.dumps(p.config, default=str))
-    by_file["model"].pop("weights_sha256", None)  # a record made before the weights' digest: the same file
-    wanted = {portable_hash(p.config), portable_hash(by_file)}
+    wanted = set()
+    for config in (p.config, {**p.config, "extra_args": list(p.request.extra_args)}):
+        by_file = json.loads(json.dumps(config, default=str))
+        by_file["model"].pop("weights_sha256", None)  # a record made before the weights' digest: the same file
+        wanted |= {portable_hash(config), portable_hash(by_file)}
     for path in sorted(record_dir(run, records).glob(f"{prefix}.*.json")):
         try:
             config = json.loads(path.read_text())["config"]
@@ -963,6 +966,8 @@ def _plan_runs(runs, model, opts):
         if not opts.dry_run and (i % 50 == 0):
             print(f"planning {i + 1}-{min(i + 50, len(runs))} of {len(runs)} ...", flush=True)
         plans.append((run, plan_run(run, model, opts.work_dir, opts.dry_run)))
+        if plans[-1][1].note:  # a run found under the name it had before (``earlier_folder``)
+            print(f"{run.name}: {plans[-1][1].note}", flush=True)
     return plans
 
 

@@ -5,10 +5,13 @@ when the run folders on disk were made; and every committed run record is reprod
 own command again. Dry runs: nothing is trained or prepared."""
 
 import dataclasses
+import functools
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -331,6 +334,72 @@ def test_a_spelling_named_before_keeps_its_name_and_takes_in_its_twin(shared_dat
     with_flag, twin = folder_of([*argv, *named], tmp_path), folder_of(without, tmp_path)
     assert twin == with_flag and planned(without, tmp_path)[0]["extra_args"] == list(named)
     assert folder_of([*argv, *named[:at], "--idpg-sharing", "S", *named[at + 2 :]], tmp_path) != with_flag
+
+
+def as_prepared(work, task="RTE"):
+    """The ``data`` of a plan: RTE prepared by hand (its task.json's info), so the run's name is known without
+    preparing anything."""
+    from fairseq_idpg.data.task_info import TaskInfo
+
+    provenance = {"raw": "/data/RTE", "raw_sha256": {"train.tsv": "0" * 64}, "bpe": "wordpiece", "few_shot": None,
+                  "dev_from_train": None, "seed": None}  # fmt: skip
+    info = TaskInfo(task, 2, False, True, "accuracy", {"train": 160, "valid": 48}, provenance=provenance)
+    return main_job.Data(work / "data-bin" / task, info, provenance)
+
+
+def test_a_run_named_before_unchanged_flags_were_left_out_is_found_there(standin, tmp_path, capsys, monkeypatch):
+    """A run spelled with a flag that changes nothing (LoRA's rank at its preset's value) and finished before such
+    flags were left out of config.json was named by its extra flags as given: planned again, by run.sh or a
+    sweep, it is found in that folder, said in one line, and not trained again (its record is this run's too);
+    interrupted, it resumes there; without that folder the run gets the name it has now."""
+    from records_support import write_finished_run
+
+    from fairseq_idpg import sweep
+
+    work = tmp_path / "work"
+    seams = {"backbone": main_job.backbone_at(standin), "data": as_prepared(work)}
+    request = main_job.parse_args(["RTE", "--method", "lora", "--lora-rank", "16", "--work-dir", str(work)])
+
+    def planned_now(request=request):
+        capsys.readouterr()
+        p = main_job.plan(request, **seams)
+        return p, capsys.readouterr().out
+
+    now, out = planned_now()
+    assert now.complete and now.config["extra_args"] == [] and now.note is None and "earlier name" not in out
+    before = {**now.config, "extra_args": ["--lora-rank", "16"]}
+    earlier = now.folder.with_name(main_job.run_name(2e-4, 1, main_job.config_hash(before)))
+    assert earlier != now.folder
+    earlier.mkdir(parents=True)
+    (earlier / "config.json").write_text(json.dumps(before))  # a run refused before it trained: not this one
+    assert planned_now()[0].folder == now.folder
+
+    write_finished_run(earlier, before, task="RTE", method="lora", dev=70.0)
+    note = f"note: found under its earlier name {earlier} (named before flags that change nothing were left out)"
+    p, out = planned_now()
+    assert (p.folder, p.config, p.finished, p.note) == (earlier, before, True, note)
+    lines = out.splitlines()  # the task and method, the note, the budget, the run folder really used
+    assert lines[1] == note and lines[-1] == f"run folder: {earlier}" and len(lines) == 4
+    assert planned_now(dataclasses.replace(request, extra_args=()))[0].folder == now.folder  # spelled otherwise
+    (earlier / "results.json").rename(earlier / "checkpoint_last.pt")  # interrupted: resumed where it is
+    assert planned_now()[0].folder == earlier
+
+    # a sweep: the same note and folder; the run's record, from another checkout, found without the folder
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: s\nmodel: standin\ntasks: [RTE]\nmethods: [{label: lora16, method: lora, "
+                    "args: [--lora-rank, 16]}]\nlrs: recipe\nseeds: [1]\n")  # fmt: skip
+    monkeypatch.setattr(sweep, "plan", functools.partial(main_job.plan, **seams))
+    (run,) = sweep.load_spec(spec).runs
+    opts = types.SimpleNamespace(work_dir=str(work), dry_run=True)
+    capsys.readouterr()
+    ((_, p),) = sweep._plan_runs([run], "standin", opts)
+    assert p.folder == earlier and capsys.readouterr().out == f"{run.name}: {note}\n"
+    records = tmp_path / "records"
+    sweep.record_dir(run, records).mkdir(parents=True)
+    (sweep.record_dir(run, records) / f"{earlier.name}.json").write_text(json.dumps({"config": before}))
+    shutil.rmtree(earlier)
+    ((_, p),) = sweep._plan_runs([run], "standin", opts)
+    assert p.folder == now.folder and p.note is None and sweep.recorded(run, p, records) is not None
 
 
 def test_a_fairseq_flag_that_became_a_run_option_keeps_its_folder(shared_data, standin, tmp_path, capsys):

@@ -8,7 +8,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from fairseq_idpg.errors import ConfigError, RunError
 from fairseq_idpg.run.backbone import find_backbone, sha256, weights_sha256
@@ -45,6 +45,7 @@ class Plan:
     timings: dict
     start: float
     missing: list  # what a dry run found absent (model files, raw folders), one line each
+    note: Optional[str] = None  # the run found under its earlier name (``earlier_folder``), said in one line
 
     @property
     def finished(self):
@@ -73,14 +74,37 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
     complete = backbone.present and data.info is not None and data.provenance is not None
     name = run_name(lr, request.seed, config_hash(config) if complete else "<hash>")
     save = Path(request.work_dir) / "checkpoints" / backbone.name / task / request.method / name
-    save = save if folder is None else Path(folder)
+    note = None
+    if folder is not None:
+        save = Path(folder)
+    elif complete:  # its own run folder, perhaps found under the name it had before
+        config, save, note = earlier_folder(request, config, save, lr)
+    if note:
+        log(note)
     train = train_command(request, method, recipe, backbone, data.folder, budget, save)
     log(f"budget: {budget_line(budget, recipe, request.extra_args)}")
     log(f"run folder: {save}", flush=True)
     scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
     argv = request.argv() if argv is None else argv
     return Plan(request, argv, task, method, config, save, complete, train, data.folder, backbone.dir, scored,
-                batch_size, timings, start, [*backbone.missing, *data.missing])  # fmt: skip
+                batch_size, timings, start, [*backbone.missing, *data.missing], note)  # fmt: skip
+
+
+def earlier_folder(request, config, save, lr):
+    """(config, folder, note) of the run planned as ``config`` in ``save``: where its folder was named before
+    config.json's ``extra_args`` left out the flags that change nothing (``canonical_extra_args``), the folder
+    of the same configuration with its extra flags as given, when ``save`` does not exist and that one holds the
+    run (finished, or checkpoints to resume): it goes on there, so that no finished run is trained again, and
+    the note says so. Otherwise (config, save, None)."""
+    given = list(request.extra_args)
+    if config["extra_args"] == given or save.exists():
+        return config, save, None
+    before = {**config, "extra_args": given}
+    earlier = save.with_name(run_name(lr, request.seed, config_hash(before)))
+    if not ((earlier / "results.json").is_file() or any(earlier.glob("checkpoint*.pt"))):
+        return config, save, None
+    note = f"note: found under its earlier name {earlier} (named before flags that change nothing were left out)"
+    return before, earlier, note
 
 
 def check(request):
