@@ -1,12 +1,14 @@
 """Where a fairseq-train process spends its CPU before its first update, each part timed in fresh interpreters
 (the costs are paid once per process): importing torch and fairseq; building, stepping and saving fairseq's Adam as
 torch alone would (its first ``add_param_group`` imports ``torch._dynamo``) and with the project's compat fix 16
-(nothing imports the compiler); and fairseq's conversion of a command line into its config (hydra's compose).
+(nothing imports the compiler); and fairseq's conversion of a command line into its config, with hydra's compose (as
+fairseq alone) and with compat fix 17 (composed directly).
 
     python scripts/bench_start.py              # 3 fresh interpreters per part, the median CPU seconds
     python scripts/bench_start.py --repeats 5
 
-Prints a markdown table (CPU seconds of the process: user + system) and the optimizer's ratio, fix / torch alone.
+Prints a markdown table (CPU seconds of the process: user + system) and the ratios fix / without it, for the optimizer
+and the config.
 """
 
 import argparse
@@ -42,7 +44,10 @@ assert ("torch._dynamo" in sys.modules) == {torch_alone}
 CONFIG = """
 import time
 from fairseq import options
+from fairseq.dataclass import utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+if {hydra_alone}:  # undo fix 17: hydra's compose, as fairseq alone
+    utils.compose = utils.compose.hydra_compose
 parser = options.get_training_parser()
 args = options.parse_args_and_arch(parser, input_args=["data-bin/SST-2", "--arch", "roberta_base", "--task",
     "sentence_prediction", "--num-classes", "2", "--criterion", "sentence_prediction", "--optimizer", "adam",
@@ -56,7 +61,8 @@ PARTS = {
     "import torch + fairseq": IMPORT,
     "fairseq's Adam: build, step, save (torch alone)": ADAM.format(torch_alone=True),
     "fairseq's Adam: build, step, save (compat fix 16)": ADAM.format(torch_alone=False),
-    "fairseq's config from the command line (hydra)": CONFIG,
+    "fairseq's config from the command line (hydra's compose)": CONFIG.format(hydra_alone=True),
+    "fairseq's config from the command line (compat fix 17)": CONFIG.format(hydra_alone=False),
 }
 
 
@@ -81,8 +87,9 @@ def main(argv=None):
     print("| part of a fairseq-train start | CPU s (median of %d) |\n|---|---|" % args.repeats)
     for name, seconds in medians.items():
         print(f"| {name} | {seconds:.2f} |")
-    alone, fixed = (medians[n] for n in list(PARTS)[1:3])
+    alone, fixed, hydra, composed = (medians[n] for n in list(PARTS)[1:5])
     print(f"\noptimizer, fix 16 / torch alone: {fixed:.2f} / {alone:.2f} s = {fixed / alone:.3f}")
+    print(f"config, fix 17 / hydra's compose: {composed:.2f} / {hydra:.2f} s = {composed / hydra:.3f}")
     print(json.dumps({"cpu_seconds": medians}))
 
 

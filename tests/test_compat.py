@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -477,3 +478,76 @@ def test_an_optimizer_is_built_and_saved_without_importing_the_compiler():
     out = run_python(OPTIMIZER_WITHOUT_COMPILER)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "False"]
+
+
+# ---------------------------------------------------------------------------------------- 17. compose without hydra
+def _train_args(capsys, tmp_path, method, *flags):
+    """The fairseq-train arguments run.sh gives ``method`` on RTE at roberta.base's shape (a dry run: no files)."""
+    from fairseq_idpg.run import main
+
+    assert main(["RTE", "--method", method, "--model", "roberta.base", *flags, "--dry-run",
+                 "--work-dir", str(tmp_path)]) == 0  # fmt: skip
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("+ ") and "fairseq_idpg.launch" in s)
+    words = shlex.split(line[2:])
+    return words[words.index("--") + 1 :] + ["--cpu"]
+
+
+def _both_ways(monkeypatch, args, hydra_compose):
+    """fairseq's configuration of ``args`` composed by fix 17 and by ``hydra_compose``, as containers."""
+    from fairseq.dataclass import utils
+    from omegaconf import OmegaConf
+
+    fast = OmegaConf.to_container(utils.convert_namespace_to_omegaconf(args))
+    with monkeypatch.context() as m:
+        m.setattr(utils, "compose", hydra_compose)
+        slow = OmegaConf.to_container(utils.convert_namespace_to_omegaconf(args))
+    return fast, slow
+
+
+def test_fairseqs_config_of_every_method_is_hydras_without_its_compose(capsys, tmp_path, monkeypatch):
+    """Fix 17: every method's fairseq-train configuration (and fp16's, bf16's, an IDPG run's with extra flags) and
+    fairseq-validate's are equal, value for value and type for type, to hydra's compose, and hydra's compose is
+    not called for them."""
+    from fairseq import options
+    from fairseq.dataclass import utils
+
+    from fairseq_idpg.methods import METHODS
+
+    commands = [_train_args(capsys, tmp_path, name) for name in sorted(METHODS)]
+    commands.append(_train_args(capsys, tmp_path, "lora", "--fp16"))
+    commands.append(_train_args(capsys, tmp_path, "m-idpg-phm", "--bf16", "--idpg-hidden", "256", "--no-save"))
+    called = []
+    hydra_compose = utils.compose.hydra_compose
+    monkeypatch.setattr(utils.compose, "hydra_compose", lambda *a, **k: called.append(a) or hydra_compose(*a, **k))
+    distinct = {}  # one command per choice of config groups (hydra's compose takes ~2 s each)
+    for argv in commands:
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        groups = (args.task, args.arch, args.criterion, args.optimizer, args.lr_scheduler, args.fp16, args.bf16)
+        distinct.setdefault(groups, (argv, args))
+    assert len(distinct) >= 6
+    for argv, args in distinct.values():
+        fast, slow = _both_ways(monkeypatch, args, hydra_compose)
+        assert called == [] and repr(fast) == repr(slow) and fast == slow, argv  # repr: 1 and 1.0 differ
+    validate = ["data", "--path", "checkpoint_best.pt", "--task", "sentence_prediction", "--num-classes", "2",
+                "--criterion", "sentence_prediction", "--valid-subset", "valid,test", "--batch-size", "8"]  # fmt: skip
+    for suppress in (False, True):  # fairseq-validate composes its arguments and, apart, those given
+        args = options.parse_args_and_arch(options.get_validation_parser(), input_args=validate,
+                                           suppress_defaults=suppress)  # fmt: skip
+        fast, slow = _both_ways(monkeypatch, args, hydra_compose)
+        assert called == [] and repr(fast) == repr(slow), suppress
+
+
+def test_what_the_direct_compose_leaves_to_hydra_gets_hydras_error():
+    """Fix 17: a configuration it refuses (polynomial_decay without --total-num-update) is composed by hydra, whose
+    error names the field, as before; an override that adds a key goes to hydra too."""
+    from fairseq import options
+    from fairseq.dataclass import utils
+
+    import fairseq_idpg_compat
+
+    argv = ["data", "--task", "sentence_prediction", "--arch", "roberta_base", "--num-classes", "2", "--criterion",
+            "sentence_prediction", "--optimizer", "adam", "--lr-scheduler", "polynomial_decay"]  # fmt: skip
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    with pytest.raises(Exception, match="total_num_update"):
+        utils.convert_namespace_to_omegaconf(args)
+    assert fairseq_idpg_compat.composed_config(["+common.new_key=1"]) is None
