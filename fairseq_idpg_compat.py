@@ -100,7 +100,7 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
 12. ``one_line_write_failures``: a full disk (or a read-only or over-quota folder) while fairseq-train saved a
    checkpoint ended in a traceback of ~20 lines (fairseq logs it, retries twice, raises) and left a partial
    ``checkpoint_<epoch>_<updates>.pt.tmp``. A local checkpoint is now written like the project's other files
-   (``fairseq_idpg.interop.files.save_torch``: a temporary beside it, renamed when complete, removed when the
+   (``fairseq_idpg.files.save_torch``: a temporary beside it, renamed when complete, removed when the
    write fails), and a failed write or copy ends with ``fairseq-train: error: FILE: could not be written
    (WHY); free some space, or give --save-dir a folder with room ...``, exit status 2; the checkpoints saved
    before are as they were.
@@ -652,7 +652,7 @@ def one_line_write_failures(checkpoint_utils):
         manager = checkpoint_utils.PathManager
         if async_write or manager.path_requires_pathmanager(filename) or not manager.supports_rename(filename):
             return original(obj, filename, async_write=async_write)
-        from fairseq_idpg.interop.files import save_torch
+        from fairseq_idpg.files import save_torch
 
         try:
             save_torch(obj, filename)

@@ -26,7 +26,7 @@ import sys
 import torch
 
 from fairseq_idpg.errors import ConfigError, one_line_errors, refuse
-from fairseq_idpg.interop.files import check_output_file, read_checkpoint, save_torch
+from fairseq_idpg.files import check_output_file, read_checkpoint, save_torch
 
 PREFIX = "prompt."
 

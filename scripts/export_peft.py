@@ -58,7 +58,7 @@ def main(argv=None):
     if args.name is not None and (not args.name or "." in args.name):
         parser.error(f"--name {args.name!r}: an adapters name is a module name (no dots, not empty)")
     try:
-        from fairseq_idpg.interop.files import check_output_folder
+        from fairseq_idpg.files import check_output_folder
         from fairseq_idpg.interop.trained import checkpoint_file
 
         check_output_folder(args.out, [checkpoint_file(args.run), args.backbone], args.overwrite)
@@ -70,9 +70,9 @@ def main(argv=None):
 def export(args):
     import torch
 
+    from fairseq_idpg.files import check_output_folder, staged_folder
     from fairseq_idpg.interop import adapters_format, peft_format
     from fairseq_idpg.interop.base_model import backbone_name, write_backbone_file
-    from fairseq_idpg.interop.files import check_output_folder, staged_folder
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
     from fairseq_idpg.interop.trained import checkpoint_file, load_trained
 

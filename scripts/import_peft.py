@@ -43,7 +43,7 @@ def main(argv=None):
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         parser.error(f"{args.out}: its folder does not exist")
     try:
-        from fairseq_idpg.interop.files import check_output_file
+        from fairseq_idpg.files import check_output_file
 
         check_output_file(args.out, inputs(args), args.overwrite)
         return run(args)

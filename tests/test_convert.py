@@ -346,7 +346,7 @@ def test_a_saved_checkpoint_is_the_same_bytes_each_time(tmp_path):
     import hashlib
     import zipfile
 
-    from fairseq_idpg.conversion.atomic import save_checkpoint
+    from fairseq_idpg.files import save_checkpoint
 
     state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "cfg": {"n": 1}}
     path = tmp_path / "model.pt"

@@ -1,5 +1,5 @@
 """The tools that write checkpoints and adapter folders (scripts/merge_lora.py, import_peft.py,
-export_checkpoint.py, export_peft.py, export_dpt_prompt.py; fairseq_idpg/interop/files.py) never write over a
+export_checkpoint.py, export_peft.py, export_dpt_prompt.py; fairseq_idpg/files.py) never write over a
 file they read, nor over an existing file or into another run's folder without --overwrite; damaged inputs end
 in one line. Each case: exit status 2, the exact line on stderr, the inputs' bytes unchanged, no temporary
 file left."""

@@ -72,7 +72,7 @@ class Report:
 
     def write(self, path) -> Path:
         """Written whole or not at all (a failed write is a ConfigError naming the file)."""
-        from fairseq_idpg.interop.files import write_json
+        from fairseq_idpg.files import write_json
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .atomic import atomic_copy, atomic_write_text, save_checkpoint
+from ..files import atomic_copy, atomic_write_text, save_checkpoint
 from .errors import ConversionError
 from .source import _config_int, inspect_source, load_hf_state_dict
 from .vocab import (

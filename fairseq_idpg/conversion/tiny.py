@@ -24,7 +24,7 @@ import os
 import tempfile
 from typing import Optional
 
-from .atomic import atomic_copy
+from ..files import atomic_copy
 from .convert import write_model_folder
 from .source import standin_source_dir
 from .vocab import gpt2_bpe_args, wordpiece_bpe_args, write_wordpiece_dict

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Dict, List, Tuple
 
-from .atomic import atomic_copy, atomic_path
+from ..files import atomic_copy, atomic_path
 from .errors import ConversionError
 
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")

@@ -56,7 +56,7 @@ def names_of(backbone, hf):
 def write_backbone_file(out_dir, backbone, name):
     """``BACKBONE_FILE`` in ``out_dir``: the backbone's ``name`` and its weights' sha256."""
     from fairseq_idpg.data.digest import weights_sha256
-    from fairseq_idpg.interop.files import write_json
+    from fairseq_idpg.files import write_json
 
     write_json({"name": name, "weights_sha256": weights_sha256(backbone)}, os.path.join(out_dir, BACKBONE_FILE))
 
@@ -102,7 +102,7 @@ def check_base_model(claimed, folder, backbone, hf, field):
     """One line unless the adapter ``folder`` (whose config gives ``claimed`` in ``field``) was trained on
     ``backbone`` (module docstring)."""
     from fairseq_idpg.data.digest import weights_sha256
-    from fairseq_idpg.interop.files import read_json
+    from fairseq_idpg.files import read_json
 
     ours = backbone_name(backbone, hf)
     side = os.path.join(folder, BACKBONE_FILE)

@@ -164,7 +164,7 @@ def hf_roberta_weights(weights, num_layers, prefix="roberta."):
 def write_hf_roberta(state, out_dir):
     """Write ``out_dir``/config.json and model.safetensors: the fairseq RoBERTa checkpoint ``state`` as
     transformers' ``RobertaModel`` (no LM head: an adapter needs the encoder only)."""
-    from fairseq_idpg.interop.files import save_safetensors, write_json
+    from fairseq_idpg.files import save_safetensors, write_json
 
     options, weights = model_cfg(state), state["model"]
     vocab, positions = (weights[ENCODER + f"{name}.weight"].shape[0] for name in ("embed_tokens", "embed_positions"))

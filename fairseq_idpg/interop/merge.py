@@ -60,7 +60,7 @@ def plain_cfg(cfg):
 
 def merged_checkpoint(run, out_file):
     """Write the merged model of ``run`` as a plain fairseq ``roberta`` checkpoint; returns its values."""
-    from fairseq_idpg.interop.files import save_torch
+    from fairseq_idpg.files import save_torch
 
     weights = merged_model(run)
     state = dict(run.state, model=weights, cfg=plain_cfg(run.state["cfg"]), last_optimizer_state=None)

@@ -65,7 +65,7 @@ def save_imported(model, cfg, out_file, source):
     import os
 
     from fairseq_idpg.conversion.weights import checkpoint_state
-    from fairseq_idpg.interop.files import save_torch
+    from fairseq_idpg.files import save_torch
 
     # the layout of a never-trained checkpoint; the model state is compact (every method saves trainable only)
     state = checkpoint_state(cfg, model, cfg.task.data)

@@ -140,7 +140,7 @@ def lora_tensors(run, hf):
 def export_peft(run, hf, out_dir, base_model):
     """Write ``run`` (a ``trained.TrainedRun``) as a PEFT folder for the Hugging Face model ``hf``
     (``hf_backbone.HFBackbone``) named ``base_model`` in its config; returns the config."""
-    from fairseq_idpg.interop.files import save_safetensors, write_json
+    from fairseq_idpg.files import save_safetensors, write_json
 
     check_exportable(run)
     rank, alpha, dropout, targets = lora_settings(run.model)
@@ -170,7 +170,7 @@ def export_peft(run, hf, out_dir, base_model):
 # ---------------------------------------------------------------------------------------------- import
 def read_peft(folder):
     """(config, tensors) of a PEFT adapter folder; one line when it is not one, or a file of it is damaged."""
-    from fairseq_idpg.interop.files import read_json, read_tensors
+    from fairseq_idpg.files import read_json, read_tensors
 
     config_file, weights_file = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
     for path in (config_file, weights_file):

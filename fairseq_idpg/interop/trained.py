@@ -75,7 +75,7 @@ def build_from_options(options, backbone):
 
 def load_trained(run, backbone=None):
     """The trained model of ``run`` (a run folder or checkpoint), in eval mode; see the module docstring."""
-    from fairseq_idpg.interop.files import read_checkpoint
+    from fairseq_idpg.files import read_checkpoint
     from fairseq_idpg.interop.hf_backbone import model_cfg
 
     file = checkpoint_file(run)

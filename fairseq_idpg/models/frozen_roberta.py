@@ -133,11 +133,11 @@ def export_checkpoint(src, dst):
     its MLP), the backbone fingerprint, the cfg (and so the backbone's path); no optimizer state, so
     fairseq-validate and ``from_pretrained`` load it, and training on from it needs
     ``--reset-optimizer``. Returns the number of values in its model state. ``dst`` is written atomically and
-    is never ``src`` (nor the backbone); a damaged or wrong ``src`` is one line (``interop.files``)."""
+    is never ``src`` (nor the backbone); a damaged or wrong ``src`` is one line (``fairseq_idpg.files``)."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     import fairseq_idpg  # noqa: F401  (registers the architectures)
-    from fairseq_idpg.interop.files import check_output_file, read_checkpoint, save_torch
+    from fairseq_idpg.files import check_output_file, read_checkpoint, save_torch
 
     check_output_file(dst, [src], overwrite=True)  # never over its input
     state = read_checkpoint(src)

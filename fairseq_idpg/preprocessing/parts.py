@@ -16,9 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from ..conversion.atomic import atomic_path, atomic_write_text
 from ..data.digest import file_sha256
-from ..interop.files import staged_folder
+from ..files import atomic_path, atomic_write_text, staged_folder
 
 FORMAT = 1  # what a part holds and how it is named; another value makes older parts unusable
 MARKER = ".sha256"

@@ -103,7 +103,7 @@ def read_run_folder(folder):
 def write_json(path, data):
     """``data`` as ``path``, written whole or not at all (``atomic_write_text``: a temporary file renamed over
     it, removed when the write fails)."""
-    from fairseq_idpg.conversion.atomic import atomic_write_text
+    from fairseq_idpg.files import atomic_write_text
 
     atomic_write_text(str(path), json.dumps(data, indent=1) + "\n")
 

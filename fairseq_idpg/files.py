@@ -1,12 +1,14 @@
-"""What the tools read and where they write (scripts/merge_lora.py, import_peft.py, export_checkpoint.py,
-export_peft.py, export_dpt_prompt.py; docs/using.md, "Where the tools write").
+"""How the package writes and reads files: a leaf module (it imports nothing of the package's but its errors), so
+that every layer (conversion, data preparation, models, runs, the tools, the compat module) writes the same way.
 
-- A tool never writes over a file it reads (the checkpoint, the backbone, the adapter's files), even with
-  ``--overwrite``; an existing output, or a new file in another run's folder (one with config.json or
-  results.json), only with ``--overwrite`` (``check_output_file``, ``check_output_folder``).
-- Every file is written under a temporary name beside it and renamed into place when complete
-  (``conversion.atomic``); a folder is made whole beside its place and renamed into it (``staged_folder``),
-  so a failure leaves nothing half-written.
+- Every file is written under a temporary name beside it and renamed into place when complete (``atomic_path``):
+  an interrupted write never leaves a half-written ``model.pt``, ``dict.txt``, checkpoint or record; a folder is
+  made whole beside its place and renamed into it (``staged_folder``), so a failure leaves nothing half-written.
+- What the tools read and where they write (scripts/merge_lora.py, import_peft.py, export_checkpoint.py,
+  export_peft.py, export_dpt_prompt.py; docs/using.md, "Where the tools write"): a tool never writes over a file it
+  reads (the checkpoint, the backbone, the adapter's files), even with ``--overwrite``; an existing output, or a new
+  file in another run's folder (one with config.json or results.json), only with ``--overwrite``
+  (``check_output_file``, ``check_output_folder``).
 - A damaged or wrong input (a truncated checkpoint, a file that is not a fairseq checkpoint, a truncated
   JSON or safetensors file) is one line naming the file and what to do (``read_checkpoint``, ``read_json``,
   ``read_tensors``), a ConfigError like every other refusal.
@@ -19,8 +21,45 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
-from fairseq_idpg.conversion.atomic import atomic_path
 from fairseq_idpg.errors import ConfigError
+
+
+# ---------------------------------------------------------------------------------------------- atomic writes
+@contextmanager
+def atomic_path(path: str):
+    """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    import torch
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # through a file object: torch.save(<path>) names the zip's records after the file, here a random
+        # temporary name, so two builds of the same tensors had different bytes (and sha256, which
+        # identifies a run's backbone); a file object's records are always "archive/"
+        torch.save(state, f)
+
 
 RUN_FILES = ("config.json", "results.json")  # what makes a folder a run folder of run.sh
 TRAINED = "a checkpoint written by fairseq-train (a run's checkpoint_best.pt)"
