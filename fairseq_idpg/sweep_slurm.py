@@ -169,7 +169,7 @@ class RunTask:
             )
             code = self.proc.wait()
         if code and code != IN_USE_EXIT:
-            from fairseq_idpg.sweep import tail
+            from fairseq_idpg.sweep_progress import tail
 
             raise RuntimeError(f"the run (python -m {argv[2]}) exited with {code}; {log}:\n{tail(log)}")
         return code
@@ -243,7 +243,7 @@ def submit(pending, opts, sweep_dir, units=None):
     """Submit ``pending`` [(run, plan)] as one job array, a task per unit of work (``units``, by default
     ``sweep.fused_units`` at ``--fuse``: a run alone, or a group trained together); returns [(run, plan, job id)].
     ``submitted.json`` names each run's job, a group's runs in its order (its first run's log is the group's)."""
-    from fairseq_idpg.sweep import fused_units, unit_command
+    from fairseq_idpg.sweep_progress import fused_units, unit_command
 
     if not pending:
         return []
@@ -364,7 +364,7 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
 def _moved(job, runs, state, phase, began, progress, sweep_dir):
     """A job seen starting (its runs counted running, watched for the heartbeat), ending (no longer counted), or
     back in the queue after it ran (requeued: a preemption, the time limit; it goes through COMPLETING first)."""
-    from fairseq_idpg.sweep import watch
+    from fairseq_idpg.sweep_progress import watch
 
     now = "running" if state in RUNNING else "queued" if state in QUEUED else "ending"
     was, phase[job] = phase.get(job), now
@@ -395,7 +395,7 @@ def _count(progress, n):
 def _ended(job, runs, state, seconds, log, progress, failures, records, sweep_dir):
     """Each run of a job that ended (Slurm's (state, reason); ``seconds``: each run's share of the job's time):
     recorded, cancelled, in use elsewhere, or failed."""
-    from fairseq_idpg.sweep import failure_cause, record_finished, tail
+    from fairseq_idpg.sweep_progress import failure_cause, record_finished, tail
 
     state, reason = state
     for run, p in runs:
@@ -453,7 +453,7 @@ def _returned(job, sweep_dir):
 def run_slurm(pending, opts, sweep_dir, progress, failures, records, measured, device):
     """The runs to run, on the cluster: the jobs of an earlier call still queued or running followed, the
     others submitted (``--time`` checked first), all followed to their end."""
-    from fairseq_idpg.sweep import fused_units
+    from fairseq_idpg.sweep_progress import fused_units
 
     preflight(opts, defer=False)  # the controller, now that runs are to be submitted or followed
     alive, rest = pick_up(pending, sweep_dir)

@@ -354,7 +354,7 @@ def test_a_run_named_before_unchanged_flags_were_left_out_is_found_there(standin
     interrupted, it resumes there; without that folder the run gets the name it has now."""
     from records_support import write_finished_run
 
-    from fairseq_idpg import sweep
+    from fairseq_idpg import sweep, sweep_progress
 
     work = tmp_path / "work"
     seams = {"backbone": main_job.backbone_at(standin), "data": as_prepared(work)}
@@ -395,8 +395,8 @@ def test_a_run_named_before_unchanged_flags_were_left_out_is_found_there(standin
     ((_, p),) = sweep._plan_runs([run], "standin", opts)
     assert p.folder == earlier and capsys.readouterr().out == f"{run.name}: {note}\n"
     records = tmp_path / "records"
-    sweep.record_dir(run, records).mkdir(parents=True)
-    (sweep.record_dir(run, records) / f"{earlier.name}.json").write_text(json.dumps({"config": before}))
+    sweep_progress.record_dir(run, records).mkdir(parents=True)
+    (sweep_progress.record_dir(run, records) / f"{earlier.name}.json").write_text(json.dumps({"config": before}))
     shutil.rmtree(earlier)
     ((_, p),) = sweep._plan_runs([run], "standin", opts)
     assert p.folder == now.folder and p.note is None and sweep.recorded(run, p, records) is not None

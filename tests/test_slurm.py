@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairseq_idpg import sweep
+from fairseq_idpg import sweep, sweep_progress
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "scripts" / "slurm_cluster.sh"
@@ -112,7 +112,7 @@ def test_an_array_task_runs_with_the_threads_of_its_cpus(slurm, tmp_path, monkey
             return SimpleNamespace(job_id=str(len(submitted)))
 
     monkeypatch.setattr(sweep_slurm, "executor", lambda opts, sweep_dir: Recording())
-    monkeypatch.setattr(sweep, "unit_command", lambda unit, opts: ["run", unit[0][0].name])
+    monkeypatch.setattr(sweep_progress, "unit_command", lambda unit, opts: ["run", unit[0][0].name])
     runs = [(SimpleNamespace(name=f"r{i}"), None) for i in range(2)]
     more = SimpleNamespace(**{**vars(opts), "cpus_per_run": 3}, fuse=None)
     sweep_slurm.submit(runs, more, tmp_path, units=[[r] for r in runs])

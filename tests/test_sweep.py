@@ -18,7 +18,7 @@ import pytest
 from lock_support import held_by_another_process
 
 from fairseq_idpg import run as main_job
-from fairseq_idpg import sweep, sweep_slurm
+from fairseq_idpg import sweep, sweep_progress, sweep_slurm
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.results.records import default_budget
 from fairseq_idpg.run.execution import RUN_LOCK
@@ -488,7 +488,7 @@ def test_a_record_from_another_checkout_is_not_run_again(glue_slices, standin_mo
     elsewhere["model"]["path"] = "/elsewhere/models/minilm-l6-fairseq/model.pt"
     name = f"{p.folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(elsewhere)}"
     assert name != p.folder.name  # the folder's hash differs with the model's path ...
-    dest = sweep.record_dir(run, records) / f"{name}.json"
+    dest = sweep_progress.record_dir(run, records) / f"{name}.json"
     dest.parent.mkdir(parents=True)
     dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
     argv = [str(spec), "--work-dir", str(work), "--records", str(records)]
@@ -532,7 +532,7 @@ def test_a_record_is_matched_by_its_backbones_weights_not_its_files_bytes(
             del elsewhere["model"]["weights_sha256"]
         name = f"{p.folder.name.rsplit('.', 1)[0]}.{main_job.config_hash(elsewhere)}"
         shutil.rmtree(records, ignore_errors=True)
-        dest = sweep.record_dir(run, records) / f"{name}.json"
+        dest = sweep_progress.record_dir(run, records) / f"{name}.json"
         dest.parent.mkdir(parents=True)
         dest.write_text(json.dumps({"run": name, "config": elsewhere, "score": 61.0}))
         assert sweep.main(argv) == 0

@@ -18,6 +18,7 @@ from typing import Iterable, List, Optional
 import pandas as pd
 
 from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.sweep_spec import few_shot_budget
 
 REQUIRED = ("task", "model", "method", "metric", "select_on", "results", "seed", "lr")
 CELL = ["model", "budget", "task", "label"]
@@ -43,13 +44,6 @@ def record_files(folder: Path) -> List[Path]:
 def model_name(model: str) -> str:
     """``standin``, ``roberta.large``, or a model folder's last name (as run.sh names checkpoints/)."""
     return Path(str(model)).name or str(model)
-
-
-def few_shot_budget(k: int, differing: Iterable[str] = ()) -> str:
-    """A few-shot budget's name: ``K=1000``, or, where some tasks sample another K for the same table
-    (``differing``: ``"CR: 775"``), ``K=1000 (CR: 775)``. ``default_budget`` reads it back."""
-    differing = list(differing)
-    return f"K={k}" + (f" ({', '.join(differing)})" if differing else "")
 
 
 def default_budget(budget: str) -> str:

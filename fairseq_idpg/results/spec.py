@@ -1,4 +1,4 @@
-"""What a sweep specification (``fairseq_idpg/sweep.py``, ``examples/*/*.yaml``) says of its table:
+"""What a sweep specification (``fairseq_idpg/sweep_spec.py``, ``examples/*/*.yaml``) says of its table:
 the published table to put beside, the rows (its labels, in order), the columns (its tasks) and the
 budgets, read by the sweep's own loader. ``--spec`` keeps only the runs of those cells, so a
 checkpoints folder holding other runs gives the spec's table."""
@@ -25,7 +25,7 @@ class TableSpec:
 
 def read_spec(path) -> TableSpec:
     from fairseq_idpg.errors import SweepError
-    from fairseq_idpg.sweep import load_spec
+    from fairseq_idpg.sweep_spec import load_spec
 
     try:
         spec = load_spec(path)
