@@ -118,6 +118,13 @@ MAPPED_CASES = {
     "uniform rank_pattern": dict(target_modules=["query", "value"], r=8, rank_pattern={"query": 4, "value": 4}),
     "query only, head saved": dict(target_modules=["query"], modules_to_save=["classifier"]),
     "init gaussian": dict(target_modules=["query", "value"], init_lora_weights="gaussian"),
+    # DoRA (the dora record): the magnitude imports as --lora-dora's m; PiSSA (the pissa record): PEFT's base is the
+    # residual of its own SVD, ours recomputes it (--lora-init pissa); and both at once, with rsLoRA's scaling
+    "use_dora": dict(target_modules=["query", "value"], r=4, lora_alpha=8, use_dora=True),
+    "pissa": dict(target_modules=["query", "value"], r=4, lora_alpha=8, init_lora_weights="pissa"),
+    "dora from pissa, rslora": dict(
+        target_modules=["query"], r=4, lora_alpha=8, use_dora=True, init_lora_weights="pissa", use_rslora=True
+    ),
 }
 
 
@@ -152,9 +159,12 @@ def test_fan_in_fan_out_is_harmless_on_roberta(tmp_path, tiny, glue_texts):
 # ---------------------------------------------------------------------------------------------- refused
 REFUSED_CASES = {
     "lora_bias": (dict(lora_bias=True), "lora_bias True (a bias on lora_B; ours has none)"),
-    "use_dora": (dict(use_dora=True), "use_dora True (DoRA's magnitude vector)"),
+    "use_dora without its magnitude": (dict(use_dora=True), "lacks base_model.model.roberta.encoder.layer.0"),
     "bias": (dict(bias="all"), "bias 'all' (trained biases of the base model)"),
-    "pissa": (dict(init_lora_weights="pissa"), "init_lora_weights 'pissa' (its base weights are not the original"),
+    "pissa_niter": (
+        dict(init_lora_weights="pissa_niter_4"),
+        "init_lora_weights 'pissa_niter_4' (its base weights are not the original ones: a randomised SVD's residual",
+    ),
     "loftq": (dict(init_lora_weights="loftq"), "init_lora_weights 'loftq'"),
     "trainable tokens": (dict(trainable_token_indices=[5, 6]), "trainable_token_indices [5, 6]"),
     "unknown field": (dict(lora_future_option=3), "lora_future_option 3 (a field this importer does not know)"),
