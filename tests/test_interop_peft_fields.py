@@ -94,9 +94,11 @@ def test_target_modules_resolve_as_peft_resolves_them(tmp_path, settings):
 
 
 # ---------------------------------------------------------------------------------------------- mapped
-def peft_adapter(tmp_path, tiny, config):
+def peft_adapter(tmp_path, tiny, config, converted=False):
     """(the Hugging Face model with the PEFT LoRA ``config``, its saved folder) on ``tiny``'s RobertaModel,
-    every trained tensor moved off its initialisation."""
+    every trained tensor moved off its initialisation. ``converted``: saved as PEFT's documented PiSSA recipe
+    does, the start saved first (as a plain LoRA's) and the trained adapter then converted against it
+    (``path_initial_model_for_weight_conversion``); the unconverted save is then ``adapter-as-trained``."""
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
 
     base = tmp_path / "base"
@@ -104,11 +106,22 @@ def peft_adapter(tmp_path, tiny, config):
     torch.manual_seed(0)
     auto = transformers.AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=2)
     model = peft.get_peft_model(auto, config)
+    if converted:
+        init = model.peft_config["default"].init_lora_weights
+        model.peft_config["default"].init_lora_weights = True
+        model.save_pretrained(str(tmp_path / "initial"))
+        model.peft_config["default"].init_lora_weights = init
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(torch.randn_like(p) * 0.3)
-    model.save_pretrained(str(tmp_path / "adapter"))
+    if converted:
+        model.save_pretrained(str(tmp_path / "adapter-as-trained"))
+        model.save_pretrained(
+            str(tmp_path / "adapter"), path_initial_model_for_weight_conversion=str(tmp_path / "initial")
+        )
+    else:
+        model.save_pretrained(str(tmp_path / "adapter"))
     return hf, model.eval(), tmp_path / "adapter"
 
 
@@ -138,6 +151,38 @@ def test_a_mapped_lora_config_imports_to_peft_logits(tmp_path, tiny, glue_texts,
     mine, other = logits_both(hub(tmp_path / "back.pt", data, tiny.folder / "vocab.txt"), theirs, hf, glue_texts)
     gap = (mine - other).abs().max().item()
     print(f"{case}: max |ours - PEFT| = {gap:.2e}")
+    assert gap <= TINY_ATOL, f"max |ours - PEFT| = {gap:.2e}"
+
+
+def test_a_pissa_adapter_converted_by_peft_imports_as_lora_where_it_carries_the_head(
+    tmp_path, tiny, glue_texts, capsys
+):
+    """PEFT's conversion of a trained PiSSA adapter (save_pretrained with path_initial_model_for_weight_conversion)
+    is a plain LoRA of the original base, rank 2r and alpha 2 alpha (A' = [A; A_0], B' = [B, -B_0]), without the
+    classification head (PEFT converts the LoRA tensors alone): refused naming the missing head. With the head of
+    the same run copied in, it imports as the lora record and computes the PiSSA model's logits."""
+    from safetensors.torch import load_file, save_file
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    settings = dict(
+        task_type="SEQ_CLS", target_modules=["query", "value"], r=4, lora_alpha=8, init_lora_weights="pissa"
+    )
+    hf, theirs, adapter = peft_adapter(tmp_path, tiny, peft.LoraConfig(**settings), converted=True)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["init_lora_weights"]) == (8, 16, True)
+    out = tmp_path / "back.pt"
+    why = "lacks base_model.model.classifier"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_peft(adapter, out, tiny.model_file, data), out, why)
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    trained = load_file(tmp_path / "adapter-as-trained" / "adapter_model.safetensors")
+    save_file(
+        {**tensors, **{k: v for k, v in trained.items() if ".classifier." in k}}, adapter / "adapter_model.safetensors"
+    )
+    assert import_peft(adapter, out, tiny.model_file, data) == 0
+    assert torch.load(out, weights_only=False)["cfg"]["model"].blocks_preset == "lora"
+    mine, other = logits_both(hub(out, data, tiny.folder / "vocab.txt"), theirs, hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    print(f"PiSSA converted by PEFT: max |ours - PEFT| = {gap:.2e}")
     assert gap <= TINY_ATOL, f"max |ours - PEFT| = {gap:.2e}"
 
 
