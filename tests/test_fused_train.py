@@ -22,6 +22,7 @@ METHODS = {
     "m-idpg-phm": ["--idpg-dropout", "0", "--idpg-cache", "memory"],
     "dpt": [],
     "lora": ["--lora-dropout", "0"],
+    "dora": ["--lora-dropout", "0"],  # LoRA's variant that reads the frozen projection (its norms) in the forward
     "prefix-tuning": [],
     "compacter": [],
     "bitfit": [],
