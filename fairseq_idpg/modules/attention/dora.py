@@ -66,6 +66,9 @@ class DoRA(LoRA):
         """k = m / ||W_0 + s B A||_c [out] in ``dtype``."""
         return (self.magnitude.float() / self.weight_norm()).to(dtype)
 
+    def forward(self, x):
+        raise TypeError("DoRA rescales the projection's output: its slot calls project(x, W x + b)")
+
     def project(self, x, y):
         """The ``q`` / ``v`` slot: y = W x + b (the frozen projection's output) -> y' (module docstring)."""
         k = self.scale(x.dtype)
