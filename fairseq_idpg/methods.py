@@ -469,8 +469,8 @@ _BLOCK_METHODS = (  # name, preset, recipe, description, source, capabilities
      dict(family="lora", representative=True, exports_to=("peft",), peft_counterpart="lora",
           merges_into_backbone=True)),
     # LoRA's variants in PEFT's LoraConfig: each is the lora record with one option, at the lora record's recipe,
-    # so a table compares the update alone (neither paper gives a RoBERTa GLUE recipe: DoRA's experiments are
-    # LLaMA, VL-BART and LLaVA; the recipe's sources say so)
+    # so a table compares the update alone (our choice, said in the recipe's sources: DoRA's experiments are
+    # LLaMA, VL-BART and LLaVA; PiSSA's own NLU settings were not checked against its paper here)
     ("dora", {"lora_rank": 16, "lora_targets": "q,v", "lora_dora": True}, LORA_VARIANT_RECIPE,
      "DoRA on W_q and W_v, r = 16, alpha = 32: LoRA and a trained magnitude per output feature (Eq. 5)",
      "Liu et al. 2024 (DoRA), PEFT's use_dora",
