@@ -15,8 +15,8 @@ k = m / ||W_0 + s B A||_c and x_d = Dropout(x):
     y' = W_0 x + b + (k - 1) * (W_0 x_d) + k * s B A x_d
 
 which is W' x + b with dropout off (eval, or ``--lora-dropout 0``); with dropout on in training the frozen
-weight sees x itself and the magnitude's correction the dropped x_d (PEFT's choice; the paper leaves dropout
-open). Under PiSSA (``--lora-init pissa``) W_0 is the residual W - s B_0 A_0 throughout (``lora.py``).
+weight sees x itself and the magnitude's correction the dropped x_d (PEFT's choice; Eq. 5 has no dropout
+term). Under PiSSA (``--lora-init pissa``) W_0 is the residual W - s B_0 A_0 throughout (``lora.py``).
 
 Trained: A, B and m; ``2 d r + d`` per d x d projection. The block reads the frozen projection it is attached
 to (a reference, not a submodule: the backbone's tensors stay the backbone's, shared and never saved here).
