@@ -22,7 +22,9 @@ METHODS = {
     "m-idpg-phm": ["--idpg-dropout", "0", "--idpg-cache", "memory"],
     "dpt": [],
     "lora": ["--lora-dropout", "0"],
-    "dora": ["--lora-dropout", "0"],  # LoRA's variant that reads the frozen projection (its norms) in the forward
+    # LoRA's variants: DoRA reads the frozen projection (its norms) in the forward; PiSSA from its frozen start
+    "dora": ["--lora-dropout", "0"],
+    "pissa": ["--lora-dropout", "0"],
     "prefix-tuning": [],
     "compacter": [],
     "bitfit": [],
