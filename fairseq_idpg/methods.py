@@ -295,6 +295,11 @@ INDUCER_RECIPE = Recipe(
              "weight_decay": INDUCER_SOURCE,
              "select_on": "inducer-tuning appendix A (MNLI): mismatched accuracy, following Hu et al. 2021"},
 )  # fmt: skip
+# DoRA and PiSSA-initialised LoRA: the lora record's recipe (inducer-tuning's NLU recipe), each source saying so
+LORA_VARIANT_SOURCE = "adapted: the lora record's (inducer-tuning's NLU recipe), so only the update differs"
+LORA_VARIANT_RECIPE = replace(
+    INDUCER_RECIPE, sources={k: f"{LORA_VARIANT_SOURCE}; {v}" for k, v in INDUCER_RECIPE.sources.items()}
+)
 
 # ---------------------------------------------------------------------------------------- records
 register(
@@ -463,6 +468,17 @@ _BLOCK_METHODS = (  # name, preset, recipe, description, source, capabilities
      "Hu et al. 2021; inducer-tuning baseline",
      dict(family="lora", representative=True, exports_to=("peft",), peft_counterpart="lora",
           merges_into_backbone=True)),
+    # LoRA's variants in PEFT's LoraConfig: each is the lora record with one option, at the lora record's recipe,
+    # so a table compares the update alone (our choice, said in the recipe's sources: DoRA's experiments are
+    # LLaMA, VL-BART and LLaVA; PiSSA's own NLU settings were not checked against its paper here)
+    ("dora", {"lora_rank": 16, "lora_targets": "q,v", "lora_dora": True}, LORA_VARIANT_RECIPE,
+     "DoRA on W_q and W_v, r = 16, alpha = 32: LoRA and a trained magnitude per output feature (Eq. 5)",
+     "Liu et al. 2024 (DoRA), PEFT's use_dora",
+     dict(family="lora", exports_to=("peft",), peft_counterpart="dora", merges_into_backbone=True)),
+    ("pissa", {"lora_rank": 16, "lora_targets": "q,v", "lora_init": "pissa"}, LORA_VARIANT_RECIPE,
+     "PiSSA: LoRA (r = 16, alpha = 32) started from W's top-16 singular factors, the residual frozen",
+     "Meng et al. 2024 (PiSSA), PEFT's init_lora_weights='pissa'",
+     dict(family="lora", exports_to=("peft",), peft_counterpart="pissa", merges_into_backbone=True)),
     ("houlsby-adapter", {"adapter": "houlsby", "adapter_dim": 16}, INDUCER_RECIPE,
      "Houlsby adapter, r = 16, 2 per layer", "Houlsby et al. 2019; IDPG and inducer-tuning baseline",
      dict(_ADAPTERS, representative=True)),

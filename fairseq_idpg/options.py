@@ -54,13 +54,14 @@ _CHECK = re.compile(r"(>=|>|<=|<) (-?\d+(?:\.\d*)?)$")
 
 def option(
     default=None, help="", group=None, *, metavar=None, choices=None, check=None, type=None, size=False,
-    derived=False, excludes=None, shown=False, config=False, fairseq=False,
+    derived=False, late=False, excludes=None, shown=False, config=False, fairseq=False,
 ):  # fmt: skip
     """An option as a dataclass field: its default (the value when neither the command line nor a preset
     gives one; ``dataclasses.MISSING``: run.sh's positional argument), its flag's ``help``, ``group`` (its
     group in --help; None: the set's own), ``metavar``, ``choices``, ``type`` (argparse's; default: the
     field's ``int`` or ``float``) and ``check`` (the module docstring). ``derived``: the model computes it when
-    it is unset, so no default fills it (``--dpt-probe-rank``).
+    it is unset, so no default fills it (``--dpt-probe-rank``). ``late``: added to a block after runs were named,
+    so a record's settings hold it only where it differs from its default (the runs keep their folders).
 
     The blocks' ``size``: a rank or size where 0 turns the block off (>= 0; >= 1 when the method's settings
     give it >= 1). run.sh's (``run_config.py``): ``excludes`` (the other field, why), ``shown`` (always written
@@ -71,7 +72,8 @@ def option(
     if isinstance(check, str) and not _CHECK.match(check):
         raise ValueError(f"option check {check!r}: use '>= N', '> N', '<= N', '< N' or a callable")
     meta = dict(option=True, help=help, group=group, metavar=metavar, choices=choices, check=check, type=type,
-                size=size, derived=derived, excludes=excludes, shown=shown, config=config, fairseq=fairseq)  # fmt: skip
+                size=size, derived=derived, late=late, excludes=excludes, shown=shown, config=config,
+                fairseq=fairseq)  # fmt: skip
     if default is dataclasses.MISSING:
         return dataclasses.field(metadata=meta)
     return dataclasses.field(default=default, metadata=meta)

@@ -8,8 +8,10 @@ method, which fairseq-validate and the hub score. docs/using.md, "PEFT and adapt
 
 The adapter's rank, alpha, dropout and targets (query / value) become --lora-rank, --lora-alpha,
 --lora-dropout and --lora-targets (rsLoRA's alpha / sqrt(r) as --lora-alpha alpha sqrt(r)); its classification
-head (modules_to_save) our head. What our LoRA cannot hold (other target modules, biases, DoRA, per-layer ranks,
-other trained modules, a changed base such as PiSSA's) is refused in one line naming the field.
+head (modules_to_save) our head; use_dora and init_lora_weights "pissa" import as the dora and pissa records
+(--lora-dora, --lora-init pissa). What our LoRA cannot hold (other target modules, biases, per-layer ranks, other
+trained modules, a base changed otherwise, such as a randomised SVD's residual) is refused in one line naming the
+field.
 An adapters folder (pytorch_adapter.bin or adapter.safetensors, as ``save_adapter(..., with_head=True)``
 writes it) becomes the houlsby-adapter, compacter, prefix-tuning or mam-adapter record with its sizes as flags
 (a parallel adapter alone: the parallel FFN adapter's flags alone); gates, new LayerNorms, other placements or
@@ -63,7 +65,6 @@ def inputs(args):
 def run(args):
     from fairseq_idpg.interop import adapters_format, peft_format
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
-    from fairseq_idpg.methods import METHODS
 
     hf = hf_backbone_for(args.backbone)
     if adapters_format.is_adapters_folder(args.adapter):
@@ -72,10 +73,10 @@ def run(args):
         )
         print(f"wrote {args.out}: {method} from the adapters folder {args.adapter}")
         return 0
-    rank = peft_format.import_peft(
-        args.adapter, hf, METHODS["lora"], args.backbone, args.data, args.out, any_base=args.ignore_base_model
+    method, rank = peft_format.import_peft(
+        args.adapter, hf, args.backbone, args.data, args.out, any_base=args.ignore_base_model
     )
-    print(f"wrote {args.out}: lora (r {rank}) from {args.adapter}")
+    print(f"wrote {args.out}: {method} (r {rank}) from {args.adapter}")
     return 0
 
 

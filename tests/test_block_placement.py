@@ -174,8 +174,24 @@ def reference_inducer(ind, q, ctx, scores, raw, drop=no_drop, misplace=()):
 
 
 def reference_projection(lora, x, y, drop=no_drop, misplace=()):
-    """LoRA on W_q / W_v: W x + b + (alpha / r) B A x."""
-    return y + reference_lora(lora, x, drop, misplace)
+    """LoRA on W_q / W_v: W x + b + (alpha / r) B A x. Under PiSSA (Meng et al. 2024) the frozen part is the
+    residual W_0 = W - s B_0 A_0 of the weight's top-r singular factors (B_0, A_0: the block's frozen start, checked
+    against an SVD of W in tests/test_lora.py). DoRA
+    (Liu et al. 2024, Eq. 5): x W'^T + b with W' = m (W_0 + s B A) / ||W_0 + s B A||_c, the norm over each output
+    feature's row; in training with dropout, PEFT's use_dora form W_0 x + b + (k - 1) W_0 x_d + k s B A x_d, with
+    k = m / ||W_0 + s B A||_c and x_d = Dropout(x)."""
+    scaling = lora.alpha / lora.A.size(0)
+    principal = scaling * lora.B0 @ lora.A0 if lora.init == "pissa" else 0.0  # s B_0 A_0
+    start = x @ principal.T if lora.init == "pissa" else 0.0
+    if not hasattr(lora, "magnitude"):
+        return y - start + reference_lora(lora, x, drop, misplace)
+    residual = lora.base.weight - principal
+    direction = residual + scaling * lora.B @ lora.A
+    k = lora.magnitude / direction.norm(dim=1)
+    if drop is no_drop:
+        return x @ (k[:, None] * direction).T + lora.base.bias
+    x_d = drop(x, lora.dropout.p)
+    return y - start + (k - 1) * (x_d @ residual.T) + k * (x_d @ lora.A.T @ lora.B.T * scaling)
 
 
 def reference_scale(scale, t, drop=no_drop, misplace=()):

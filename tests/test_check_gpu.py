@@ -206,3 +206,5 @@ def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
     # the same trained parameters on both sides of the LoRA pair (r 16 on q and v, and the 2-class head)
     trained = {t.name: t.trained for t in times}
     assert trained["step:lora"] == trained["peft:lora"]
+    # and of LoRA's variants: DoRA (A, B and the magnitudes), PiSSA (A, B)
+    assert trained["step:dora"] == trained["peft:dora"] > trained["step:pissa"] == trained["peft:pissa"]

@@ -26,9 +26,11 @@ USER_DIR = Path(__file__).resolve().parents[1] / "fairseq_idpg"
 METHODS = {  # arch, options (no dropout anywhere: eager and compiled code draw their masks differently)
     "prompt-tuning-5": ("roberta_prompt", {"prompt_preset": "prompt-tuning-5"}),
     "lora": ("roberta_blocks", {"blocks_preset": "lora", "lora_dropout": 0.0}),
+    # LoRA's variant that reads the frozen projection in the layer (DoRA's norms), from PiSSA's start (its buffers)
+    "dora-pissa": ("roberta_blocks", {"blocks_preset": "dora", "lora_init": "pissa", "lora_dropout": 0.0}),
     "m-idpg-phm": ("roberta_idpg", {"idpg_preset": "m-idpg-phm", "idpg_cache": "memory", "idpg_dropout": 0.0}),
 }
-SLOW = {"m-idpg-phm"}  # a third compile: in the slow tests (CI runs them)
+SLOW = {"m-idpg-phm", "dora-pissa"}  # more compiles: in the slow tests (CI runs them)
 SHAPES = [(3, 7), (4, 9), (2, 12)]  # (B, T): each batch padded in its first row
 
 

@@ -22,6 +22,9 @@ METHODS = {
     "m-idpg-phm": ["--idpg-dropout", "0", "--idpg-cache", "memory"],
     "dpt": [],
     "lora": ["--lora-dropout", "0"],
+    # LoRA's variants: DoRA reads the frozen projection (its norms) in the forward; PiSSA from its frozen start
+    "dora": ["--lora-dropout", "0"],
+    "pissa": ["--lora-dropout", "0"],
     "prefix-tuning": [],
     "compacter": [],
     "bitfit": [],

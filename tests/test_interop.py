@@ -21,6 +21,8 @@ from interop_support import (
     trained_tensors,
 )
 
+from fairseq_idpg.methods import methods_where
+
 peft = pytest.importorskip("peft", reason="the [interop] extra (pip install -e .[interop]) is not installed")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,11 +36,13 @@ def peft_model(base, adapter, num_labels=2):
 
 
 # ---------------------------------------------------------------------------------------------------- LoRA
-def test_lora_round_trip_through_peft_on_a_tiny_roberta(tmp_path, tiny, glue_texts):
-    """LoRA (r 16 on q and v, alpha 32) exported with a converted RobertaModel: PEFT's logits are ours within
-    float rounding; imported back, every trained tensor is the same."""
+@pytest.mark.parametrize("method", methods_where(exports_to=lambda formats: "peft" in formats))
+def test_lora_round_trip_through_peft_on_a_tiny_roberta(tmp_path, tiny, glue_texts, method):
+    """LoRA (r 16 on q and v, alpha 32) and its variants (DoRA: use_dora; PiSSA: init_lora_weights "pissa", the
+    residual recomputed by PEFT from the original base) exported with a converted RobertaModel: PEFT's logits are
+    ours within float rounding; imported back, the same record and every trained tensor the same."""
     data, _ = tiny_sst2(tmp_path, tiny)
-    checkpoint = trained_checkpoint(tmp_path, "lora", tiny.model_file, data)
+    checkpoint = trained_checkpoint(tmp_path, method, tiny.model_file, data)
     assert export(checkpoint, tmp_path / "peft") == 0
     ours = hub(checkpoint, data, tiny.folder / "vocab.txt")
     theirs = peft_model(tmp_path / "peft" / "base_model", tmp_path / "peft")
@@ -46,9 +50,11 @@ def test_lora_round_trip_through_peft_on_a_tiny_roberta(tmp_path, tiny, glue_tex
 
     mine, other = logits_both(ours, theirs, hf_backbone_for(tiny.model_file), glue_texts)
     gap = (mine - other).abs().max().item()
-    print(f"tiny RoBERTa LoRA: max |ours - PEFT| = {gap:.2e}")
+    print(f"tiny RoBERTa {method}: max |ours - PEFT| = {gap:.2e}")
     assert gap <= TINY_ATOL, f"max |ours - PEFT| = {gap:.2e}"
     assert import_(tmp_path / "peft", tmp_path / "back.pt", tiny.model_file, data) == 0
+    stored = torch.load(tmp_path / "back.pt", weights_only=False)["cfg"]["model"]
+    assert stored.blocks_preset == method
     before, after = trained_tensors(checkpoint), trained_tensors(tmp_path / "back.pt")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 

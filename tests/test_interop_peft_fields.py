@@ -94,9 +94,11 @@ def test_target_modules_resolve_as_peft_resolves_them(tmp_path, settings):
 
 
 # ---------------------------------------------------------------------------------------------- mapped
-def peft_adapter(tmp_path, tiny, config):
+def peft_adapter(tmp_path, tiny, config, converted=False):
     """(the Hugging Face model with the PEFT LoRA ``config``, its saved folder) on ``tiny``'s RobertaModel,
-    every trained tensor moved off its initialisation."""
+    every trained tensor moved off its initialisation. ``converted``: saved as PEFT's documented PiSSA recipe
+    does, the start saved first (as a plain LoRA's) and the trained adapter then converted against it
+    (``path_initial_model_for_weight_conversion``); the unconverted save is then ``adapter-as-trained``."""
     from fairseq_idpg.interop.hf_backbone import hf_backbone_for
 
     base = tmp_path / "base"
@@ -104,11 +106,22 @@ def peft_adapter(tmp_path, tiny, config):
     torch.manual_seed(0)
     auto = transformers.AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=2)
     model = peft.get_peft_model(auto, config)
+    if converted:
+        init = model.peft_config["default"].init_lora_weights
+        model.peft_config["default"].init_lora_weights = True
+        model.save_pretrained(str(tmp_path / "initial"))
+        model.peft_config["default"].init_lora_weights = init
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(torch.randn_like(p) * 0.3)
-    model.save_pretrained(str(tmp_path / "adapter"))
+    if converted:
+        model.save_pretrained(str(tmp_path / "adapter-as-trained"))
+        model.save_pretrained(
+            str(tmp_path / "adapter"), path_initial_model_for_weight_conversion=str(tmp_path / "initial")
+        )
+    else:
+        model.save_pretrained(str(tmp_path / "adapter"))
     return hf, model.eval(), tmp_path / "adapter"
 
 
@@ -118,6 +131,13 @@ MAPPED_CASES = {
     "uniform rank_pattern": dict(target_modules=["query", "value"], r=8, rank_pattern={"query": 4, "value": 4}),
     "query only, head saved": dict(target_modules=["query"], modules_to_save=["classifier"]),
     "init gaussian": dict(target_modules=["query", "value"], init_lora_weights="gaussian"),
+    # DoRA (the dora record): the magnitude imports as --lora-dora's m; PiSSA (the pissa record): PEFT's base is the
+    # residual of its own SVD, ours recomputes it (--lora-init pissa); and both at once, with rsLoRA's scaling
+    "use_dora": dict(target_modules=["query", "value"], r=4, lora_alpha=8, use_dora=True),
+    "pissa": dict(target_modules=["query", "value"], r=4, lora_alpha=8, init_lora_weights="pissa"),
+    "dora from pissa, rslora": dict(
+        target_modules=["query"], r=4, lora_alpha=8, use_dora=True, init_lora_weights="pissa", use_rslora=True
+    ),
 }
 
 
@@ -131,6 +151,38 @@ def test_a_mapped_lora_config_imports_to_peft_logits(tmp_path, tiny, glue_texts,
     mine, other = logits_both(hub(tmp_path / "back.pt", data, tiny.folder / "vocab.txt"), theirs, hf, glue_texts)
     gap = (mine - other).abs().max().item()
     print(f"{case}: max |ours - PEFT| = {gap:.2e}")
+    assert gap <= TINY_ATOL, f"max |ours - PEFT| = {gap:.2e}"
+
+
+def test_a_pissa_adapter_converted_by_peft_imports_as_lora_where_it_carries_the_head(
+    tmp_path, tiny, glue_texts, capsys
+):
+    """PEFT's conversion of a trained PiSSA adapter (save_pretrained with path_initial_model_for_weight_conversion)
+    is a plain LoRA of the original base, rank 2r and alpha 2 alpha (A' = [A; A_0], B' = [B, -B_0]), without the
+    classification head (PEFT converts the LoRA tensors alone): refused naming the missing head. With the head of
+    the same run copied in, it imports as the lora record and computes the PiSSA model's logits."""
+    from safetensors.torch import load_file, save_file
+
+    data, _ = tiny_sst2(tmp_path, tiny)
+    settings = dict(
+        task_type="SEQ_CLS", target_modules=["query", "value"], r=4, lora_alpha=8, init_lora_weights="pissa"
+    )
+    hf, theirs, adapter = peft_adapter(tmp_path, tiny, peft.LoraConfig(**settings), converted=True)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["init_lora_weights"]) == (8, 16, True)
+    out = tmp_path / "back.pt"
+    why = "lacks base_model.model.classifier"
+    refused_in_one_line(capsys, "import_peft.py", lambda: import_peft(adapter, out, tiny.model_file, data), out, why)
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    trained = load_file(tmp_path / "adapter-as-trained" / "adapter_model.safetensors")
+    save_file(
+        {**tensors, **{k: v for k, v in trained.items() if ".classifier." in k}}, adapter / "adapter_model.safetensors"
+    )
+    assert import_peft(adapter, out, tiny.model_file, data) == 0
+    assert torch.load(out, weights_only=False)["cfg"]["model"].blocks_preset == "lora"
+    mine, other = logits_both(hub(out, data, tiny.folder / "vocab.txt"), theirs, hf, glue_texts)
+    gap = (mine - other).abs().max().item()
+    print(f"PiSSA converted by PEFT: max |ours - PEFT| = {gap:.2e}")
     assert gap <= TINY_ATOL, f"max |ours - PEFT| = {gap:.2e}"
 
 
@@ -152,9 +204,12 @@ def test_fan_in_fan_out_is_harmless_on_roberta(tmp_path, tiny, glue_texts):
 # ---------------------------------------------------------------------------------------------- refused
 REFUSED_CASES = {
     "lora_bias": (dict(lora_bias=True), "lora_bias True (a bias on lora_B; ours has none)"),
-    "use_dora": (dict(use_dora=True), "use_dora True (DoRA's magnitude vector)"),
+    "use_dora without its magnitude": (dict(use_dora=True), "lacks base_model.model.roberta.encoder.layer.0"),
     "bias": (dict(bias="all"), "bias 'all' (trained biases of the base model)"),
-    "pissa": (dict(init_lora_weights="pissa"), "init_lora_weights 'pissa' (its base weights are not the original"),
+    "pissa_niter": (
+        dict(init_lora_weights="pissa_niter_4"),
+        "init_lora_weights 'pissa_niter_4' (its base weights are not the original ones: a randomised SVD's residual",
+    ),
     "loftq": (dict(init_lora_weights="loftq"), "init_lora_weights 'loftq'"),
     "trainable tokens": (dict(trainable_token_indices=[5, 6]), "trainable_token_indices [5, 6]"),
     "unknown field": (dict(lora_future_option=3), "lora_future_option 3 (a field this importer does not know)"),

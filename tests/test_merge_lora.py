@@ -10,6 +10,8 @@ from conftest import REPO, tiny_sst2
 from interop_support import refused_in_one_line
 from interop_support import trained_checkpoint as trained
 
+from fairseq_idpg.methods import methods_where
+
 
 def merge(run, out):
     spec = importlib.util.spec_from_file_location("merge_lora", REPO / "scripts" / "merge_lora.py")
@@ -37,13 +39,15 @@ def test_merged_lora_and_bitfit_score_the_same_in_fairseq_validate(tmp_path, tin
     assert validate(data, run) == validate(data, tmp_path / "merged.pt")
 
 
-def test_logits_of_the_merged_model_are_the_runs(tmp_path, tiny):
+@pytest.mark.parametrize("method", methods_where(family="lora", merges_into_backbone=True))
+def test_logits_of_the_merged_model_are_the_runs(tmp_path, tiny, method):
     """Tighter than fairseq-validate's rounded loss: the plain model's logits equal the run's within float
-    rounding (the merged product B A is summed in another order than the two small products)."""
+    rounding (the merged product B A is summed in another order than the two small products), for LoRA and its
+    variants (DoRA's W' = m (W_0 + s B A) / ||W_0 + s B A||_c; PiSSA's W - s B_0 A_0 + s B A)."""
     from fairseq import checkpoint_utils
 
     data, _ = tiny_sst2(tmp_path, tiny)
-    run = trained(tmp_path, "lora", tiny.model_file, data)
+    run = trained(tmp_path, method, tiny.model_file, data)
     assert merge(run, tmp_path / "merged.pt") == 0
     tokens = torch.tensor([[0, 2000, 2100, 2200, 2], [0, 3000, 3100, 2, 1]])
     logits = []

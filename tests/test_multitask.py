@@ -19,7 +19,8 @@ TASKS = {
     "idpg-sst2": ("m-idpg-phm", "sst2"), "idpg-mnli": ("m-idpg-phm", "mnli"), "lora-sst2": ("lora", "sst2"),
     "lora-rte": ("lora", "rte"), "lora-stsb": ("lora", "stsb"), "prefix-rte": ("prefix-tuning", "rte"),
     "adapter-sst2": ("houlsby-adapter", "sst2"), "bitfit-mnli": ("bitfit", "mnli"), "inducer-sst2": ("inducer", "sst2"),
-    "ia3-rte": ("ia3", "rte"),
+    "ia3-rte": ("ia3", "rte"), "dora-sst2": ("dora", "sst2"), "dora-rte": ("dora", "rte"),
+    "pissa-mnli": ("pissa", "mnli"),
 }  # fmt: skip
 SINGLES = ["a gripping , funny and moving film .", "the plot is thin .", "it 's fine .", "one of the year 's best ."]
 PAIRS = [
@@ -72,7 +73,7 @@ def test_a_mixed_batch_of_every_family_equals_each_tasks_own_model(runs):
     mt = multitask(backbone, folders)
     names, texts = mixed_rows()
     got = mt.logits(names, texts)
-    assert mt.passes(names) == 9  # one per method configuration: 13 tasks of 9 methods
+    assert mt.passes(names) == 11  # one per method configuration: 16 tasks of 11 methods
     own = {}
     with torch.no_grad():
         for name, text, logits in zip(names, texts, got, strict=True):
@@ -100,7 +101,7 @@ def test_predictions_name_the_tasks_labels(runs):
 def test_one_backbone_in_memory_and_groups_by_method(runs):
     folders, backbone = runs
     mt = multitask(backbone, folders)
-    assert [len(g.tasks) for g in mt.groups] == [2, 1, 2, 3, 1, 1, 1, 1, 1]
+    assert [len(g.tasks) for g in mt.groups] == [2, 1, 2, 3, 1, 1, 1, 1, 1, 2, 1]  # the two dora tasks: one group
     first = {n: t.data_ptr() for n, t in frozen_tensors(mt.groups[0].template).items()}
     for group in mt.groups[1:]:
         shared = {n: t.data_ptr() for n, t in frozen_tensors(group.template).items()}

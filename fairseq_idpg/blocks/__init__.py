@@ -93,6 +93,10 @@ class BlockConfig(Options):
         """The modules of layer ``index`` and where they attach."""
         return []
 
+    def start_from_backbone(self, model):
+        """Start the built modules from the frozen weights, once the backbone is loaded (DoRA's magnitude,
+        PiSSA's factors); called at every build, before a checkpoint's tensors are loaded over them."""
+
     def trains_backbone_parameter(self, name) -> bool:
         """Whether the backbone parameter ``name`` trains (BitFit's biases)."""
         return False
@@ -105,6 +109,11 @@ class BlockConfig(Options):
 
     def before_load(self, model, state_dict):
         """Adapt the built model to ``state_dict`` before it is loaded (a stored form)."""
+
+    @classmethod
+    def late_defaults(cls):
+        """{option: default} of the options added after runs were named (``option(..., late=True)``)."""
+        return {f.name: f.default for f, _ in cls.options() if f.metadata["late"]}
 
     @classmethod
     def build_order(cls):

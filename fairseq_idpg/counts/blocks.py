@@ -4,7 +4,10 @@ Every "ours" is counted from the model of the method's record (``fairseq_idpg.me
 the paper's size on the ``meta`` device (``models.build``: no memory), trainable tensors only,
 classification head excluded. "paper" is the published figure where the paper states one exactly
 (inducer-tuning Table 5's configurations; IDPG Table 2 for Compacter), else the block's formula
-(ints are checked exactly by ``scripts/count_params.py``).
+(ints are checked exactly by ``scripts/count_params.py``). DoRA's figure is PEFT's own count
+(``print_trainable_parameters`` of ``LoraConfig(r=16, lora_alpha=32, target_modules=["query", "value"],
+use_dora=True)`` on roberta-large, no head: tests/test_lora_variants.py builds it and checks the figure);
+PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs).
 """
 
 from fairseq.data import Dictionary
@@ -13,6 +16,8 @@ from fairseq_idpg.methods import METHODS
 from fairseq_idpg.models.build import ROBERTA_BASE, ROBERTA_LARGE, build_method, count_trainable
 
 SIZES = {"roberta-base": ROBERTA_BASE, "roberta-large": ROBERTA_LARGE}
+# peft 0.21.2's print_trainable_parameters for DoRA r = 16, alpha = 32 on query and value of roberta-large (no head)
+PEFT_DORA_LARGE = 1_622_016
 
 
 def build_meta(method, size):
@@ -69,6 +74,10 @@ def baseline_rows():
     mam.prefix_encoder.to_stored()
     rows += [
         ("LoRA q,v r=16 (base)", count("lora", "roberta-base"), 2 * 12 * 2 * 768 * 16),
+        ("LoRA q,v r=16 (large)", count("lora", "roberta-large"), 2 * 24 * 2 * 1024 * 16),
+        # 2 x 24 x (2 d r + d): A, B and the magnitude m of each projection
+        ("DoRA q,v r=16 (large; PEFT's)", count("dora", "roberta-large"), PEFT_DORA_LARGE),
+        ("PiSSA q,v r=16 (large)", count("pissa", "roberta-large"), 2 * 24 * 2 * 1024 * 16),
         ("MAM adapter 16+16 trained (base)", mam_trained, prefix_trained(768, 12, 16) + ffn_adapter),
         ("MAM adapter 16+16 stored (base)", mam.num_trainable_parameters(), 2 * 12 * 16 * 768 + ffn_adapter),
         (

@@ -23,6 +23,7 @@ from fairseq_idpg.interop.peft_format import LORA_MODULES, NotExpressible, liste
 MAPPED = (
     "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "exclude_modules", "layers_to_transform",
     "layers_pattern", "rank_pattern", "alpha_pattern", "modules_to_save", "base_model_name_or_path", "peft_type",
+    "use_dora",
 )  # fmt: skip
 # fields that cannot change what the imported adapter computes (docs/using.md gives each reason)
 HARMLESS = (
@@ -32,7 +33,6 @@ HARMLESS = (
 )  # fmt: skip
 # field: (its value when off, what it adds that ours lacks)
 REFUSED = {
-    "use_dora": (False, "DoRA's magnitude vector"),
     "lora_bias": (False, "a bias on lora_B; ours has none"),
     "bias": ("none", "trained biases of the base model"),
     "trainable_token_indices": (None, "trained token embeddings"),
@@ -50,6 +50,8 @@ REFUSED = {
 INIT_FIELD = "init_lora_weights"
 # initialisations of A and B only: the trained tensors are what the file holds, the base is untouched
 PLAIN_INITS = (True, False, "gaussian", "orthogonal", "eva")
+# initialisations that also change the base, which ours recomputes exactly: PiSSA's full SVD (--lora-init pissa)
+BASE_INITS = {"pissa": "pissa"}
 KNOWN = set(MAPPED) | set(HARMLESS) | set(REFUSED) | {INIT_FIELD}
 DEFAULT_TARGETS = ["query", "value"]  # peft's default target_modules for bert and roberta
 
@@ -62,17 +64,19 @@ def check_fields(config, where):
         if config.get(name, off) not in (off, None, False, {}, [])
     ]
     init = config.get(INIT_FIELD, True)
-    if init not in PLAIN_INITS:
+    if init not in PLAIN_INITS and init not in BASE_INITS:
+        randomised = isinstance(init, str) and init.startswith("pissa_niter_")
+        why = "a randomised SVD's residual, which no one recomputes exactly" if randomised else "another residual"
         bad.append(
-            f"{INIT_FIELD} {init!r} (its base weights are not the original ones; PEFT's save_pretrained with "
+            f"{INIT_FIELD} {init!r} (its base weights are not the original ones: {why}; PEFT's save_pretrained with "
             f"path_initial_model_for_weight_conversion writes the same adapter as a LoRA of the original base)"
         )
     unknown = sorted(k for k, v in config.items() if k not in KNOWN and v not in (None, False, {}, [], ""))
     bad += [f"{name} {config[name]!r} (a field this importer does not know)" for name in unknown]
     if bad:
         raise NotExpressible(
-            f"{where}: LoRA with {'; '.join(bad)}: ours is (alpha / r) B A on query and/or value, nothing else "
-            f"trained but the classification head (docs/using.md)"
+            f"{where}: LoRA with {'; '.join(bad)}: ours is (alpha / r) B A on query and/or value (with DoRA's "
+            f"magnitude, or from PiSSA's full SVD), nothing else trained but the classification head (docs/using.md)"
         )
 
 
@@ -207,4 +211,8 @@ def lora_import_settings(config, hf, names, layers, where):
         "--lora-dropout": float(config.get("lora_dropout", 0.0)),
         "--lora-targets": ",".join(modules),
     }
+    if config.get("use_dora"):
+        overrides["--lora-dora"] = True
+    if config.get(INIT_FIELD, True) in BASE_INITS:
+        overrides["--lora-init"] = BASE_INITS[config[INIT_FIELD]]
     return overrides, modules

@@ -5,7 +5,10 @@ What PEFT can hold exactly, and what it cannot (docs/using.md, "PEFT and adapter
 - **LoRA** (``lora``, ``--lora-targets`` q/v): PEFT's ``LoraConfig`` on ``query``/``value`` computes
   W x + (alpha / r) B A Dropout(x), our update (Hu et al. 2021, Eq. 3; ``modules/attention/lora.py``),
   with the same init (A kaiming-uniform a = sqrt(5), B = 0). Exported and imported; the classification
-  head goes as ``modules_to_save``.
+  head goes as ``modules_to_save``. Its variants too: **DoRA** (``dora``, ``--lora-dora``) as ``use_dora``, the
+  magnitude as ``lora_magnitude_vector``; **PiSSA** (``pissa``, ``--lora-init pissa``) as
+  ``init_lora_weights="pissa"``: PEFT recomputes the residual from the original base weights when it loads the
+  adapter, as ours does when it builds the model (a full SVD each: equal to float rounding).
 - **Prompt tuning** (``prompt-tuning-5/100/134``): not exportable. PEFT prepends the virtual tokens
   *before* ``<s>``/``[CLS]`` and the classifier then reads the first virtual token's output
   (``PeftModelForSequenceClassification.forward``: ``cat(prompts, inputs_embeds)``; RoBERTa's head takes
@@ -35,6 +38,7 @@ from fairseq_idpg.interop.hf_backbone import HEAD_MODULES, HEAD_NAMES
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PEFT's key prefix of the wrapped model's tensors
 LORA_MODULES = {"q": "query", "v": "value"}  # our targets -> transformers' attention.self.<name>
+MAGNITUDE = "lora_magnitude_vector"  # DoRA's m in PEFT's adapter files (no ".weight")
 HEAD_KEY = "classification_heads.{head}.{part}.{kind}"
 
 
@@ -96,9 +100,10 @@ def head_keys(hf):
 
 
 def lora_settings(model):
-    """(rank, alpha, dropout, targets) of the LoRA of a model whose only block is LoRA."""
+    """(rank, alpha, dropout, targets, dora, init) of the LoRA of a model whose only block is LoRA."""
     config = next(c for c in model.block_configs if c.name == "lora")
-    return config.lora_rank, config.lora_alpha, config.lora_dropout, sorted(config.targets())
+    targets = sorted(config.targets())
+    return config.lora_rank, config.lora_alpha, config.lora_dropout, targets, config.lora_dora, config.lora_init
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -134,6 +139,8 @@ def lora_tensors(run, hf):
             name = PREFIX + hf.layer(i, f"attention.self.{module}")
             out[f"{name}.lora_A.weight"] = lora.A.detach().float().contiguous()
             out[f"{name}.lora_B.weight"] = lora.B.detach().float().contiguous()
+            if hasattr(lora, "magnitude"):  # DoRA
+                out[f"{name}.{MAGNITUDE}"] = lora.magnitude.detach().float().contiguous()
     return out
 
 
@@ -143,7 +150,7 @@ def export_peft(run, hf, out_dir, base_model):
     from fairseq_idpg.files import save_safetensors, write_json
 
     check_exportable(run)
-    rank, alpha, dropout, targets = lora_settings(run.model)
+    rank, alpha, dropout, targets, dora, init = lora_settings(run.model)
     config = {
         "peft_type": "LORA",
         "task_type": "SEQ_CLS",
@@ -156,8 +163,8 @@ def export_peft(run, hf, out_dir, base_model):
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
-        "use_dora": False,
-        "init_lora_weights": True,
+        "use_dora": bool(dora),
+        "init_lora_weights": init if init != "kaiming" else True,
         "inference_mode": True,
     }
     tensors = {**lora_tensors(run, hf), **head_tensors(run, hf)}
@@ -260,8 +267,11 @@ def imported_state(tensors, hf, model, head, folder):
             if getattr(layer.self_attn, f"lora_{t}", None) is None:
                 continue
             name = PREFIX + hf.layer(i, f"attention.self.{module}")
-            take(f"{name}.lora_A.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.A")
-            take(f"{name}.lora_B.weight", f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}.B")
+            ours = f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}"
+            take(f"{name}.lora_A.weight", f"{ours}.A")
+            take(f"{name}.lora_B.weight", f"{ours}.B")
+            if hasattr(getattr(layer.self_attn, f"lora_{t}"), "magnitude"):  # DoRA
+                take(f"{name}.{MAGNITUDE}", f"{ours}.magnitude")
     pretrained = pretrained_pooler(hf) if f"{PREFIX}bert.pooler.dense.weight" not in tensors else {}
     for key, (part, kind) in head_keys(hf).items():
         ours = HEAD_KEY.format(head=head, part=part, kind=kind)
@@ -273,7 +283,7 @@ def imported_state(tensors, hf, model, head, folder):
     if unused:
         raise NotExpressible(
             f"{folder}: {WEIGHTS} holds tensors ours has no place for: {listed(unused)}; ours holds LoRA's A and B "
-            f"and the head"
+            f"(and DoRA's magnitude where use_dora is true) and the head"
         )
     return state
 
@@ -293,16 +303,27 @@ def pretrained_pooler(hf):
     }
 
 
-def import_peft(folder, hf, method, backbone, data, out_file, any_base=False):
+def lora_record(overrides):
+    """The record a PEFT LoRA adapter imports as: ``dora`` (use_dora), ``pissa`` (init_lora_weights "pissa") or
+    ``lora``; its settings are the overrides in each case."""
+    if overrides.get("--lora-dora"):
+        return "dora"
+    return "pissa" if overrides.get("--lora-init") == "pissa" else "lora"
+
+
+def import_peft(folder, hf, backbone, data, out_file, any_base=False):
     """Write the PEFT LoRA adapter ``folder`` (trained on ``hf``, the Hugging Face model of ``backbone``)
-    as our compact checkpoint of ``method`` (the ``lora`` record) for the prepared ``data``; every check
-    (``lora_import_settings``, the base model unless ``any_base``) before anything is built. Returns the rank."""
+    as our compact checkpoint of its record (``lora_record``) for the prepared ``data``; every check
+    (``lora_import_settings``, the base model unless ``any_base``) before anything is built. Returns
+    (the record's name, the rank)."""
     from fairseq_idpg.interop.base_model import check_base_model
     from fairseq_idpg.interop.method_checkpoint import build_for_import, copy_imported, save_imported
+    from fairseq_idpg.methods import METHODS
     from fairseq_idpg.run import model_dims
 
     config, tensors = read_peft(folder)
     overrides, _ = lora_import_settings(config, hf, model_dims(backbone), tensors, folder)
+    method = METHODS[lora_record(overrides)]
     if not any_base:
         check_base_model(config.get("base_model_name_or_path"), folder, backbone, hf, "base_model_name_or_path")
     model, cfg = build_for_import(method, backbone, data, overrides)
@@ -311,4 +332,4 @@ def import_peft(folder, hf, method, backbone, data, out_file, any_base=False):
     state = imported_state(tensors, hf, model, head, folder)
     copy_imported(model, state, folder)
     save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")
-    return overrides["--lora-rank"]
+    return method.name, overrides["--lora-rank"]

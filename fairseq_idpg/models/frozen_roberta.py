@@ -234,6 +234,7 @@ class FrozenBackboneRobertaModel(RobertaModel):
         model = super().build_model(args, task)
         if getattr(args, "backbone", None):
             model.load_backbone(args.backbone)
+        model.start_from_backbone()
         model.freeze_backbone()
         if getattr(args, "compile_layers", False):
             backend = getattr(args, "compile_backend", None) or "inductor"
@@ -241,6 +242,10 @@ class FrozenBackboneRobertaModel(RobertaModel):
             logger.info(f"--compile-layers: the encoder's layers are compiled by torch.compile (backend {backend})")
         logger.info(model.parameter_summary())
         return model
+
+    def start_from_backbone(self):
+        """Start the method's tensors that are computed from the frozen weights (DoRA's magnitude, PiSSA's
+        factors), once the backbone is loaded; nothing here."""
 
     # ------------------------------------------------------------------ freezing
     def trains_backbone_parameter(self, name):

@@ -109,13 +109,11 @@ class RobertaBlocksModel(FrozenBackboneRobertaModel):
         nothing, so a new block's options leave every existing record's settings, and its runs' folders, as
         they were."""
         settings = super().model_settings(options)
-        off = {
-            k
-            for config in block_configs(argparse.Namespace(**settings))
-            if not config.active()
-            for k in config.defaults()
-        }
-        return {k: v for k, v in settings.items() if k not in off}
+        configs = block_configs(argparse.Namespace(**settings))
+        off = {k for config in configs if not config.active() for k in config.defaults()}
+        # options added after runs were named, at their defaults: those runs keep their folders
+        late = {k for config in configs for k, v in config.late_defaults().items() if settings.get(k) == v}
+        return {k: v for k, v in settings.items() if k not in off | late}
 
     @staticmethod
     def add_args(parser):
@@ -138,6 +136,11 @@ class RobertaBlocksModel(FrozenBackboneRobertaModel):
         super().__init__(args, encoder)
         self.block_configs = block_configs(args)
         install_blocks(self, self.block_configs)
+
+    def start_from_backbone(self):
+        for config in self.block_configs:
+            if config.active():
+                config.start_from_backbone(self)
 
     # ------------------------------------------------------------------ checkpoints
     @classmethod
