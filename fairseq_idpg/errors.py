@@ -90,3 +90,13 @@ def flag_value(argv, flag):
         elif arg.startswith(flag + "="):
             value = arg[len(flag) + 1 :]
     return value
+
+
+class NotExpressible(ConfigError):
+    """An interchange format (PEFT, AdapterHub) cannot hold this method exactly (why: the message)."""
+
+
+def listed(names, shown=3):
+    """The first ``shown`` of ``names`` and how many more (for one-line messages)."""
+    more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -214,7 +214,7 @@ def test_the_dpt_paper_lr_record_plans_both_lrs_and_a_new_folder(shared_data, tm
 
 
 def test_a_sweep_grids_over_head_lrs_or_keeps_one(tmp_path):
-    from fairseq_idpg.sweep import load_spec
+    from fairseq_idpg.sweep_spec import load_spec
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(

@@ -34,7 +34,7 @@ HANDLED = {
 
 @pytest.fixture(scope="module")
 def table3():
-    from fairseq_idpg.sweep import load_spec
+    from fairseq_idpg.sweep_spec import load_spec
 
     return load_spec(REPO / "examples" / "idpg" / "table3.yaml")
 

@@ -525,7 +525,7 @@ SPEC_RUN_NAMES = {
 
 
 def test_the_example_specs_keep_their_run_names(shared_data, standin, tmp_path):
-    from fairseq_idpg.sweep import load_spec
+    from fairseq_idpg.sweep_spec import load_spec
 
     found = {}
     for path in sorted(REPO.glob("examples/*/*.yaml")):

@@ -51,9 +51,9 @@ import os
 
 import torch
 
-from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.errors import ConfigError, NotExpressible
 from fairseq_idpg.files import read_json, read_tensors, save_torch, write_json
-from fairseq_idpg.interop.peft_format import HEAD_KEY, LAYER_KEY, NotExpressible, active_blocks, check_sizes, describe
+from fairseq_idpg.interop.peft_format import HEAD_KEY, LAYER_KEY, active_blocks, check_sizes, describe
 
 CONFIG, WEIGHTS = "adapter_config.json", "pytorch_adapter.bin"
 SAFE_WEIGHTS = "adapter.safetensors"  # what save_adapter(use_safetensors=True) writes instead

@@ -16,8 +16,10 @@ on the module names of the Hugging Face ``*ForSequenceClassification`` model (``
 import math
 import re
 
+from fairseq_idpg.errors import NotExpressible, listed
 from fairseq_idpg.interop.hf_backbone import HEAD_MODULES
-from fairseq_idpg.interop.peft_format import LORA_MODULES, NotExpressible, listed
+
+LORA_MODULES = {"q": "query", "v": "value"}  # our targets -> transformers' attention.self.<name>
 
 # fields read into our flags, or resolved against the module names and then checked
 MAPPED = (

@@ -32,24 +32,15 @@ before anything is written.
 import os
 import re
 
-from fairseq_idpg.errors import ConfigError
+from fairseq_idpg.errors import ConfigError, NotExpressible, listed
+from fairseq_idpg.interop import peft_config
 from fairseq_idpg.interop.hf_backbone import HEAD_MODULES, HEAD_NAMES
+from fairseq_idpg.interop.peft_config import LORA_MODULES
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PEFT's key prefix of the wrapped model's tensors
-LORA_MODULES = {"q": "query", "v": "value"}  # our targets -> transformers' attention.self.<name>
 MAGNITUDE = "lora_magnitude_vector"  # DoRA's m in PEFT's adapter files (no ".weight")
 HEAD_KEY = "classification_heads.{head}.{part}.{kind}"
-
-
-class NotExpressible(ConfigError):
-    """The format cannot hold this method exactly (why: the message)."""
-
-
-def listed(names, shown=3):
-    """The first ``shown`` of ``names`` and how many more (for one-line messages)."""
-    more = f" (and {len(names) - shown} more)" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 # ---------------------------------------------------------------------------------------------- reading ours
@@ -238,14 +229,13 @@ def lora_import_settings(config, hf, dims, tensors, folder):
     """(overrides of our flags, {our target: module names}) for a PEFT LoRA adapter on ``hf``; one line
     (``NotExpressible`` for what ours lacks, ``interop/peft_config.py``) where it does not fit."""
     from fairseq_idpg.interop.hf_backbone import module_names
-    from fairseq_idpg.interop.peft_config import lora_import_settings as settings
 
     where = os.path.join(folder, CONFIG)
     if config.get("peft_type") != "LORA":
         raise NotExpressible(f"{where}: a PEFT {config.get('peft_type')} adapter; only LORA has our form here")
     check_lora_sizes(tensors, hf, dims, config, folder)
     layers = dims["--encoder-layers"]
-    overrides, modules = settings(config, hf, module_names(hf, layers), layers, where)
+    overrides, modules = peft_config.lora_import_settings(config, hf, module_names(hf, layers), layers, where)
     check_ranks(tensors, modules, overrides["--lora-rank"], folder)
     return overrides, modules
 
