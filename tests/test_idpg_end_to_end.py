@@ -49,7 +49,10 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, standin_model, tmp_p
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (save,) = find_runs(tmp_path, "standin", "RTE", "m-idpg-phm")
     results = json.loads((save / "results.json").read_text())
-    assert "valid: " in out.stdout and results["config"]["extra_args"][-2:] == ["--idpg-cache-dir", str(cache)]
+    assert "valid: " in out.stdout
+    # where M(x) is cached is how, not what, the model computes: fairseq-train gets it, the run's identity does not
+    assert "--idpg-cache-dir" not in results["config"]["extra_args"]
+    assert f"--idpg-cache-dir {cache}" in (save / "train.log").read_text()
     # fairseq-validate of the compact checkpoint (rebuilt on the frozen stand-in, M(x) from the cache) gives
     # exactly the accuracy fairseq-train's validation printed for the model it saved
     trained = [e.stats["accuracy"] for e in validations((save / "train.log").read_text())]

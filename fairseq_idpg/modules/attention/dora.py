@@ -36,7 +36,8 @@ class DoRA(LoRA):
         super().__init__(base.in_features, base.out_features, rank, alpha, dropout, init)
         object.__setattr__(self, "base", base)  # a plain reference: not a submodule, not in the state dict
         self.magnitude = nn.Parameter(torch.empty(base.out_features))
-        self.start_magnitude()
+        if not base.weight.is_meta:  # (a meta build has no values; its norms would import torch's compiler)
+            self.start_magnitude()
 
     @torch.no_grad()
     def start_magnitude(self):
