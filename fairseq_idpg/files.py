@@ -51,16 +51,6 @@ def atomic_write_text(path: str, text: str) -> None:
             f.write(text)
 
 
-def save_checkpoint(state: dict, path: str) -> None:
-    import torch
-
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        # through a file object: torch.save(<path>) names the zip's records after the file, here a random
-        # temporary name, so two builds of the same tensors had different bytes (and sha256, which
-        # identifies a run's backbone); a file object's records are always "archive/"
-        torch.save(state, f)
-
-
 RUN_FILES = ("config.json", "results.json")  # what makes a folder a run folder of run.sh
 TRAINED = "a checkpoint written by fairseq-train (a run's checkpoint_best.pt)"
 
@@ -184,6 +174,9 @@ def save_torch(obj, path):
     import torch
 
     with writing(path) as tmp, open(tmp, "wb") as f:
+        # through a file object: torch.save(<path>) names the zip's records after the file, here a random
+        # temporary name, so two saves of the same tensors had different bytes (and sha256, which
+        # identifies a run's backbone); a file object's records are always "archive/"
         try:
             torch.save(obj, f)
         except RuntimeError as e:  # torch's zip writer says a failed write (a full disk) so

@@ -476,11 +476,7 @@ def sweep(opts):
 
 
 if __name__ == "__main__":
-    # run as fairseq_idpg.sweep, not __main__: sweep_estimate and results raise fairseq_idpg.sweep's
-    # SweepError, which main must catch as the same class to say it in one line (not a traceback)
     from fairseq_idpg.logs import quiet_setup_logs
-    from fairseq_idpg.sweep import main as module_main
 
     quiet_setup_logs()
-
-    sys.exit(module_main())
+    sys.exit(main())

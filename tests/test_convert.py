@@ -342,17 +342,17 @@ def test_write_tiny_roberta(tmp_path):
 def test_a_saved_checkpoint_is_the_same_bytes_each_time(tmp_path):
     """A run's backbone is identified by its file's sha256: saving the same tensors again (a rebuilt
     stand-in) must give the same bytes. torch.save(<path>) named the zip's records after the random
-    temporary file save_checkpoint writes first, so each build had another sha256."""
+    temporary file save_torch writes first, so each build had another sha256."""
     import hashlib
     import zipfile
 
-    from fairseq_idpg.files import save_checkpoint
+    from fairseq_idpg.files import save_torch
 
     state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "cfg": {"n": 1}}
     path = tmp_path / "model.pt"
     digests = []
     for _ in range(2):
-        save_checkpoint(state, str(path))
+        save_torch(state, str(path))
         digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
     assert digests[0] == digests[1]
     assert {name.split("/")[0] for name in zipfile.ZipFile(path).namelist()} == {"archive"}

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..files import atomic_copy, atomic_write_text, save_checkpoint
+from ..files import atomic_copy, atomic_write_text, save_torch
 from .errors import ConversionError
 from .source import _config_int, inspect_source, load_hf_state_dict
 from .vocab import (
@@ -61,7 +61,7 @@ def write_model_folder(
         encoder, merges = gpt2
         atomic_write_text(os.path.join(out_dir, "encoder.json"), json.dumps(encoder, ensure_ascii=False))
         atomic_write_text(os.path.join(out_dir, "vocab.bpe"), gpt2_vocab_bpe_text(merges))
-    save_checkpoint(checkpoint, os.path.join(out_dir, "model.pt"))
+    save_torch(checkpoint, os.path.join(out_dir, "model.pt"))
 
 
 def convert(hf_dir: str, out_dir: str, max_positions: Optional[int] = None) -> dict:
