@@ -507,7 +507,7 @@ _BLOCK_METHODS = (  # name, preset, recipe, description, source, capabilities
     ("vera", {"vera_rank": 256, "vera_targets": "q,v"}, VERA_RECIPE,
      "VeRA on W_q and W_v: shared frozen random A, B (r = 256, from --vera-seed); trained d, b per projection",
      "Kopiczko et al. 2024 (VeRA) Table 1 and appendix Table 8, PEFT's VeraConfig",
-     dict(family="lora", exports_to=("peft",), peft_counterpart="vera")),
+     dict(family="lora", exports_to=("peft",), peft_counterpart="vera", merges_into_backbone=True)),
     ("houlsby-adapter", {"adapter": "houlsby", "adapter_dim": 16}, INDUCER_RECIPE,
      "Houlsby adapter, r = 16, 2 per layer", "Houlsby et al. 2019; IDPG and inducer-tuning baseline",
      dict(_ADAPTERS, representative=True)),

@@ -20,7 +20,7 @@ plain reference to it, so ``.to`` / ``.half()`` convert one pair, not one per pr
 
 Trained: ``r + d_out`` per adapted projection: 2 x 24 x (256 + 1024) = 61,440 on roberta-large with r = 256 on
 W_q and W_v (the paper's Table 1 row, 0.061M; PEFT's count of ``VeraConfig(r=256, target_modules=["query",
-"value"])``).
+"value"])``). ``merge_into`` folds the update into the frozen weight (the paper's section 3: no added latency).
 """
 
 import math
@@ -95,6 +95,11 @@ class VeRA(nn.Module):
         """The update as a dense matrix [out, in] (the ``nn.Linear`` layout): Lambda_b B Lambda_d A."""
         A, B = self.factors(self.d.dtype)
         return (self.b[:, None] * B) @ (self.d[:, None] * A)
+
+    @torch.no_grad()
+    def merge_into(self, linear: nn.Linear):
+        """Fold the update into ``linear``'s weight (W + Lambda_b B Lambda_d A): the same outputs, dropout off."""
+        linear.weight.add_(self.delta_weight().to(linear.weight.dtype))
 
     def extra_repr(self):
         return f"in={self.in_features}, out={self.out_features}, rank={self.shared.rank}"
