@@ -53,7 +53,7 @@ FAMILIES = {
     "idpg": "prompts generated from the input: S-/M-IDPG (IDPG section 3)",
     "inducer": "keys and values added inside attention: prefix tuning, inducer-tuning",
     "adapters": "bottleneck modules on the sublayers' outputs: Houlsby, Compacter, the MAM adapter",
-    "lora": "a low-rank update of the attention projections: LoRA (Hu et al. 2021)",
+    "lora": "a low-rank update of the attention projections: LoRA (Hu et al. 2021), DoRA, PiSSA, VeRA",
     "bitfit": "the encoder's activations shifted or scaled: BitFit's biases, (IA)^3's scales",
     "finetune": "every weight trained: full fine-tuning, EFL",
 }
