@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write a trained method as a Hugging Face PEFT adapter folder (LoRA) or an AdapterHub ``adapters`` folder
-(the Houlsby adapter, Compacter, the MAM adapter), for the Hugging Face model of its backbone; refuse in one
-line what the format cannot hold exactly. docs/using.md, "PEFT and adapters".
+"""Write a trained method as a Hugging Face PEFT adapter folder (LoRA, DoRA, PiSSA, VeRA) or an AdapterHub
+``adapters`` folder (the Houlsby adapter, Compacter, the MAM adapter), for the Hugging Face model of its
+backbone; refuse in one line what the format cannot hold exactly. docs/using.md, "PEFT and adapters".
 
     python3 scripts/export_peft.py checkpoints/standin/SST-2/lora/lr2e-4.seed1.0123abcd exported/lora
     python3 scripts/export_peft.py --format adapters checkpoints/standin/SST-2/compacter/... exported/compacter

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a PEFT LoRA adapter, or an AdapterHub ``adapters`` adapter (Houlsby, Compacter, parallel, prefix
+"""Write a PEFT LoRA or VeRA adapter, or an AdapterHub ``adapters`` adapter (Houlsby, Compacter, parallel, prefix
 tuning, MAM), trained on the Hugging Face model of one of our backbones as our compact checkpoint of that
 method, which fairseq-validate and the hub score. docs/using.md, "PEFT and adapters".
 
@@ -12,6 +12,9 @@ head (modules_to_save) our head; use_dora and init_lora_weights "pissa" import a
 (--lora-dora, --lora-init pissa). What our LoRA cannot hold (other target modules, biases, per-layer ranks, other
 trained modules, a base changed otherwise, such as a randomised SVD's residual) is refused in one line naming the
 field.
+A PEFT VeRA adapter becomes the vera record (r, projection_prng_key, vera_dropout, d_initial and targets as
+--vera-rank, --vera-seed, --vera-dropout, --vera-d-initial, --vera-targets); stored projections must be the
+draw of projection_prng_key.
 An adapters folder (pytorch_adapter.bin or adapter.safetensors, as ``save_adapter(..., with_head=True)``
 writes it) becomes the houlsby-adapter, compacter, prefix-tuning or mam-adapter record with its sizes as flags
 (a parallel adapter alone: the parallel FFN adapter's flags alone); gates, new LayerNorms, other placements or

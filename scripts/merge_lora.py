@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Fold a trained LoRA (and BitFit's biases) into the frozen weights: a plain fairseq ``roberta`` checkpoint that
-fairseq-validate and the hub score the same, with no LoRA matrices left to multiply. docs/using.md.
+"""Fold a trained LoRA (DoRA, PiSSA) or VeRA (and BitFit's biases) into the frozen weights: a plain fairseq
+``roberta`` checkpoint that fairseq-validate and the hub score the same, with no LoRA matrices left to multiply.
+docs/using.md.
 
     python3 scripts/merge_lora.py checkpoints/standin/SST-2/lora/lr2e-4.seed1.0123abcd merged/model.pt
 """

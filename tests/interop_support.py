@@ -14,7 +14,9 @@ Fixtures in conftest.py: ``one_thread``, ``glue_texts`` (8 SST-2 dev sentences a
 - ``hub``, ``logits_both``: our logits and the other library's on the same tokens;
 - ``export`` / ``import_``: scripts/export_peft.py and scripts/import_peft.py's ``main``;
 - ``refused_in_one_line``: a script's refusal (exit status 2, one line, nothing written);
-- ``trained_tensors``, ``tiny_backbone_of``.
+- ``trained_tensors``, ``tiny_backbone_of``;
+- ``assert_same_as_peft``: one of our projections against PEFT's layer, outputs and gradients;
+- ``peft_count_at_roberta_large``: PEFT's trainable count of a config on roberta-large.
 """
 
 import torch
@@ -98,3 +100,36 @@ def tiny_backbone_of(folder):
     from conftest import TinyBackbone
 
     return TinyBackbone(folder, None)
+
+
+def assert_same_as_peft(linear, ours, theirs, params, their_params, x):
+    """Our projection of ``x`` (the slot's ``project(x, W x + b)``) and PEFT's layer give the same output and the
+    same gradients of the trained tensors (``params``, ``their_params``: in the same order), in eval and in
+    training mode (dropout drawn after the same seed on both sides)."""
+    for mode in (False, True):
+        ours.train(mode), theirs.train(mode)
+        torch.manual_seed(3)
+        mine = ours.project(x, linear(x))
+        torch.manual_seed(3)
+        other = theirs(x)
+        assert torch.allclose(mine, other, atol=1e-5), (mode, (mine - other).abs().max())
+        grads = torch.autograd.grad(mine.square().sum(), params)
+        expected = torch.autograd.grad(other.square().sum(), their_params)
+        for g, h in zip(grads, expected, strict=True):
+            assert torch.allclose(g, h, atol=1e-4, rtol=1e-4), (mode, (g - h).abs().max())
+
+
+def peft_count_at_roberta_large(config):
+    """PEFT's trainable count (``get_nb_trainable_parameters``, what ``print_trainable_parameters`` prints) of the
+    PEFT ``config`` on roberta-large's RobertaModel (no head), built on the meta device."""
+    import peft
+    import transformers
+
+    roberta = transformers.RobertaConfig(
+        vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        max_position_embeddings=514,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.RobertaModel(roberta, add_pooling_layer=False)
+    trainable, _ = peft.get_peft_model(model, config).get_nb_trainable_parameters()
+    return trainable

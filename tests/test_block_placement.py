@@ -194,6 +194,13 @@ def reference_projection(lora, x, y, drop=no_drop, misplace=()):
     return y - start + (k - 1) * (x_d @ residual.T) + k * (x_d @ lora.A.T @ lora.B.T * scaling)
 
 
+def reference_vera(vera, x, y, drop=no_drop, misplace=()):
+    """VeRA (Kopiczko et al. 2024, Eq. 2) on W_q / W_v: W x + b + Lambda_b B Lambda_d A Dropout(x), the frozen A, B
+    the model's one shared pair."""
+    A, B = vera.shared.A, vera.shared.B
+    return y + drop(x, vera.dropout.p) @ (torch.diag(vera.b) @ B @ torch.diag(vera.d) @ A).T
+
+
 def reference_scale(scale, t, drop=no_drop, misplace=()):
     """(IA)^3 (Liu et al. 2022): l_ff * h elementwise, h the FFN's inner activations GELU(W_1 y + b_1)."""
     return t * scale.l
@@ -261,6 +268,7 @@ FORMULAS = {
     "lora": {"lora_q": reference_projection, "lora_v": reference_projection},
     "ia3": {"ia3_k": reference_scaled_projection, "ia3_v": reference_scaled_projection, "ia3_ff": reference_scale},
     "prefix": {"prefix": reference_prefixes},
+    "vera": {"vera_q": reference_vera, "vera_v": reference_vera},
     "inducer": {"inducer": reference_inducer},
     "adapter": {"attn_adapter": reference_adapter, "ffn_adapter": reference_adapter},
     "ffn_adapter": {"parallel_adapter": reference_adapter},

@@ -208,3 +208,5 @@ def test_same_weights_and_step_timings_against_peft_at_tiny_size(tiny):
     assert trained["step:lora"] == trained["peft:lora"]
     # and of LoRA's variants: DoRA (A, B and the magnitudes), PiSSA (A, B)
     assert trained["step:dora"] == trained["peft:dora"] > trained["step:pissa"] == trained["peft:pissa"]
+    # and VeRA's d and b (A and B frozen, shared), PEFT's VeraConfig(r=256) on query and value
+    assert trained["step:vera"] == trained["peft:vera"]

@@ -2,8 +2,9 @@
 
 One training step (forward, backward) of a compiled model gives the logits and gradients of the same model
 uncompiled, over batches of three shapes (one graph with symbolic shapes: ``dynamic=True``), for prompt tuning
-and LoRA (M-IDPG-PHM in the slow tests); the state dict keeps its names; fairseq-train with the flag (bf16)
-saves a checkpoint that loads without it; the flag is not a model setting (run identity: test_run_config.py).
+and LoRA (M-IDPG-PHM, DoRA from PiSSA's start and VeRA in the slow tests); the state dict keeps its names;
+fairseq-train with the flag (bf16) saves a checkpoint that loads without it; the flag is not a model setting (run
+identity: test_run_config.py).
 The fast tests compile with the ``aot_eager`` backend (dynamo's capture and AOT autograd, no code generation:
 15-30 s on a busy CPU); the slow one with inductor, the default, which generates C++ on the CPU (over a minute).
 
@@ -29,8 +30,10 @@ METHODS = {  # arch, options (no dropout anywhere: eager and compiled code draw 
     # LoRA's variant that reads the frozen projection in the layer (DoRA's norms), from PiSSA's start (its buffers)
     "dora-pissa": ("roberta_blocks", {"blocks_preset": "dora", "lora_init": "pissa", "lora_dropout": 0.0}),
     "m-idpg-phm": ("roberta_idpg", {"idpg_preset": "m-idpg-phm", "idpg_cache": "memory", "idpg_dropout": 0.0}),
+    # VeRA: every layer's block reads the one shared frozen pair the model owns (a plain reference)
+    "vera": ("roberta_blocks", {"blocks_preset": "vera"}),
 }
-SLOW = {"m-idpg-phm", "dora-pissa"}  # more compiles: in the slow tests (CI runs them)
+SLOW = {"m-idpg-phm", "dora-pissa", "vera"}  # more compiles: in the slow tests (CI runs them)
 SHAPES = [(3, 7), (4, 9), (2, 12)]  # (B, T): each batch padded in its first row
 
 

@@ -25,6 +25,8 @@ METHODS = {
     # LoRA's variants: DoRA reads the frozen projection (its norms) in the forward; PiSSA from its frozen start
     "dora": ["--lora-dropout", "0"],
     "pissa": ["--lora-dropout", "0"],
+    # VeRA: its frozen A and B shared by every member; the head at its own lr (the record's recipe)
+    "vera": [],
     "prefix-tuning": [],
     "compacter": [],
     "bitfit": [],

@@ -39,8 +39,9 @@ def peft_model(base, adapter, num_labels=2):
 @pytest.mark.parametrize("method", methods_where(exports_to=lambda formats: "peft" in formats))
 def test_lora_round_trip_through_peft_on_a_tiny_roberta(tmp_path, tiny, glue_texts, method):
     """LoRA (r 16 on q and v, alpha 32) and its variants (DoRA: use_dora; PiSSA: init_lora_weights "pissa", the
-    residual recomputed by PEFT from the original base) exported with a converted RobertaModel: PEFT's logits are
-    ours within float rounding; imported back, the same record and every trained tensor the same."""
+    residual recomputed by PEFT from the original base), and VeRA (VeraConfig r 256, the shared A and B saved)
+    exported with a converted RobertaModel: PEFT's logits are ours within float rounding; imported back, the same
+    record and every trained tensor the same."""
     data, _ = tiny_sst2(tmp_path, tiny)
     checkpoint = trained_checkpoint(tmp_path, method, tiny.model_file, data)
     assert export(checkpoint, tmp_path / "peft") == 0

@@ -231,7 +231,7 @@ REFUSED_CASES = {
     ),
     "rank_pattern": (dict(rank_pattern={"layer.1.attention.self.value": 4}), "different ranks or alphas"),
     "alpha_pattern": (dict(alpha_pattern={"value": 16}), "different ranks or alphas"),
-    "another PEFT type": (dict(peft_type="IA3"), "a PEFT IA3 adapter; only LORA has our form here"),
+    "another PEFT type": (dict(peft_type="IA3"), "a PEFT IA3 adapter; only LORA and VERA have our form here"),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 from blocks_support import logits
 from conftest import build_tiny
+from interop_support import assert_same_as_peft, peft_count_at_roberta_large
 
 from fairseq_idpg.modules.attention.dora import DoRA
 from fairseq_idpg.modules.attention.lora import LoRA
@@ -41,23 +42,6 @@ def theirs_params(theirs):
     """PEFT's A, B (and DoRA's m) of the layer's adapter."""
     parts = (theirs.lora_A, theirs.lora_B, theirs.lora_magnitude_vector)
     return tuple(p["default"].weight for p in parts if "default" in p)
-
-
-def assert_same_as_peft(linear, ours, theirs, params, their_params, x):
-    """Our projection of ``x`` (the slot's ``project(x, W x + b)``) and PEFT's layer give the same output and the
-    same gradients of the trained tensors (``params``, ``their_params``: in the same order), in eval and in
-    training mode (dropout drawn after the same seed on both sides)."""
-    for mode in (False, True):
-        ours.train(mode), theirs.train(mode)
-        torch.manual_seed(3)
-        mine = ours.project(x, linear(x))
-        torch.manual_seed(3)
-        other = theirs(x)
-        assert torch.allclose(mine, other, atol=1e-5), (mode, (mine - other).abs().max())
-        grads = torch.autograd.grad(mine.square().sum(), params)
-        expected = torch.autograd.grad(other.square().sum(), their_params)
-        for g, h in zip(grads, expected, strict=True):
-            assert torch.allclose(g, h, atol=1e-4, rtol=1e-4), (mode, (g - h).abs().max())
 
 
 def moved(*tensors, seed=1, std=0.3):
@@ -193,17 +177,9 @@ def test_merging_dora_keeps_the_logits(tiny):
 def test_dora_count_at_roberta_large_is_peft_s():
     """PEFT's trainable count of DoRA r = 16, alpha 32 on query and value of roberta-large (no head; built on
     the meta device) is the dora record's and the figure scripts/count_params.py checks ours against."""
-    import transformers
-
     from fairseq_idpg.counts.blocks import PEFT_DORA_LARGE, count
 
-    config = transformers.RobertaConfig(
-        vocab_size=50265, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-        max_position_embeddings=514,
-    )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.RobertaModel(config, add_pooling_layer=False)
     lora = peft.LoraConfig(r=16, lora_alpha=32, target_modules=["query", "value"], use_dora=True)
-    trainable, _ = peft.get_peft_model(model, lora).get_nb_trainable_parameters()
+    trainable = peft_count_at_roberta_large(lora)
     assert trainable == PEFT_DORA_LARGE == count("dora", "roberta-large") == 24 * 2 * (2 * 1024 * 16 + 1024)
     assert count("pissa", "roberta-large") == count("lora", "roberta-large")

@@ -43,7 +43,8 @@ def test_merged_lora_and_bitfit_score_the_same_in_fairseq_validate(tmp_path, tin
 def test_logits_of_the_merged_model_are_the_runs(tmp_path, tiny, method):
     """Tighter than fairseq-validate's rounded loss: the plain model's logits equal the run's within float
     rounding (the merged product B A is summed in another order than the two small products), for LoRA and its
-    variants (DoRA's W' = m (W_0 + s B A) / ||W_0 + s B A||_c; PiSSA's W - s B_0 A_0 + s B A)."""
+    variants (DoRA's W' = m (W_0 + s B A) / ||W_0 + s B A||_c; PiSSA's W - s B_0 A_0 + s B A) and VeRA
+    (W + Lambda_b B Lambda_d A)."""
     from fairseq import checkpoint_utils
 
     data, _ = tiny_sst2(tmp_path, tiny)

@@ -27,7 +27,7 @@ CHECK_GPU_FAMILIES = {
     "finetune": "finetune",
 }
 PEFT_PAIRS = {"lora": "lora", "prompt-tuning": "prompt-tuning-5", "prefix-tuning": "prefix-tuning"}
-MERGEABLE = ("lora", "bitfit")
+MERGEABLE = ("lora", "vera", "bitfit")  # VeRA's since it merges (its record came after the hand list)
 # the hand list, and (IA)^3, which it had missed: every roberta_blocks record but the ablations
 BENCHMARK_BLOCKS = ("finetune", "lora", "inducer", "inducer-lora", "mam-inducer", "prefix-tuning", "houlsby-adapter",
                     "compacter", "mam-adapter", "bitfit", "ia3")  # fmt: skip

@@ -1,7 +1,8 @@
 """One frozen backbone serving every attached task at once (fairseq_idpg/hub): a batch mixing rows of a task of
-every method family (prompt tuning, DPT, IDPG, LoRA, prefix tuning, an adapter, BitFit, inducer, (IA)^3), with
-padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its task's own fairseq
-model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently: 1e-5).
+every method family (prompt tuning, DPT, IDPG, LoRA and its variants, VeRA, prefix tuning, an adapter, BitFit,
+inducer, (IA)^3), with padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its
+task's own fairseq model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently:
+1e-5).
 The runs are built from tiny models (tests/multitask_support.py), not trained."""
 
 import pytest
@@ -20,7 +21,7 @@ TASKS = {
     "lora-rte": ("lora", "rte"), "lora-stsb": ("lora", "stsb"), "prefix-rte": ("prefix-tuning", "rte"),
     "adapter-sst2": ("houlsby-adapter", "sst2"), "bitfit-mnli": ("bitfit", "mnli"), "inducer-sst2": ("inducer", "sst2"),
     "ia3-rte": ("ia3", "rte"), "dora-sst2": ("dora", "sst2"), "dora-rte": ("dora", "rte"),
-    "pissa-mnli": ("pissa", "mnli"),
+    "pissa-mnli": ("pissa", "mnli"), "vera-sst2": ("vera", "sst2"), "vera-rte": ("vera", "rte"),
 }  # fmt: skip
 SINGLES = ["a gripping , funny and moving film .", "the plot is thin .", "it 's fine .", "one of the year 's best ."]
 PAIRS = [
@@ -73,7 +74,7 @@ def test_a_mixed_batch_of_every_family_equals_each_tasks_own_model(runs):
     mt = multitask(backbone, folders)
     names, texts = mixed_rows()
     got = mt.logits(names, texts)
-    assert mt.passes(names) == 11  # one per method configuration: 16 tasks of 11 methods
+    assert mt.passes(names) == 12  # one per method configuration: 18 tasks of 12 methods
     own = {}
     with torch.no_grad():
         for name, text, logits in zip(names, texts, got, strict=True):
@@ -101,7 +102,8 @@ def test_predictions_name_the_tasks_labels(runs):
 def test_one_backbone_in_memory_and_groups_by_method(runs):
     folders, backbone = runs
     mt = multitask(backbone, folders)
-    assert [len(g.tasks) for g in mt.groups] == [2, 1, 2, 3, 1, 1, 1, 1, 1, 2, 1]  # the two dora tasks: one group
+    # the two dora tasks: one group; the two vera tasks too (the same seed: the same frozen A and B)
+    assert [len(g.tasks) for g in mt.groups] == [2, 1, 2, 3, 1, 1, 1, 1, 1, 2, 1, 2]
     first = {n: t.data_ptr() for n, t in frozen_tensors(mt.groups[0].template).items()}
     for group in mt.groups[1:]:
         shared = {n: t.data_ptr() for n, t in frozen_tensors(group.template).items()}

@@ -72,12 +72,13 @@ class LoRAConfig(BlockConfig):
                 getattr(layer.self_attn, f"lora_{t}").start_from(getattr(layer.self_attn, f"{t}_proj"))
 
 
-def merge_lora(model):
-    """Fold every LoRA update into its frozen projection (inference: W + (alpha / r) B A)."""
+def merge_lora(model, block="lora"):
+    """Fold every update of ``block`` (LoRA's, or another q / v block with ``merge_into``: VeRA's) into its frozen
+    projection (inference: W + (alpha / r) B A)."""
     for layer in model.encoder.sentence_encoder.layers:
         attention = layer.self_attn
         for t in TARGETS:
-            lora = getattr(attention, f"lora_{t}", None)
-            if lora is not None:
-                lora.merge_into(getattr(attention, f"{t}_proj"))
-                attention.detach(f"lora_{t}")
+            update = getattr(attention, f"{block}_{t}", None)
+            if update is not None:
+                update.merge_into(getattr(attention, f"{t}_proj"))
+                attention.detach(f"{block}_{t}")

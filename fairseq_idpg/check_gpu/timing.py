@@ -101,15 +101,16 @@ def hf_roberta(state, sizes, head=None, dropout=0.1):
 
 
 def peft_model(base, kind):
-    """``get_peft_model`` of ``base`` for ``kind`` (lora, dora, pissa, prompt-tuning, prefix-tuning), configured as
-    our record; raises what PEFT raises (its prefix tuning refuses RoBERTa under transformers 5)."""
-    from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
+    """``get_peft_model`` of ``base`` for ``kind`` (lora, dora, pissa, vera, prompt-tuning, prefix-tuning), configured
+    as our record; raises what PEFT raises (its prefix tuning refuses RoBERTa under transformers 5)."""
+    from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, VeraConfig, get_peft_model
 
     lora = dict(task_type=TaskType.SEQ_CLS, r=16, lora_alpha=32, lora_dropout=0.1, target_modules=["query", "value"])
     configs = {
         "lora": lambda: LoraConfig(**lora),
         "dora": lambda: LoraConfig(**lora, use_dora=True),
         "pissa": lambda: LoraConfig(**lora, init_lora_weights="pissa"),
+        "vera": lambda: VeraConfig(task_type=TaskType.SEQ_CLS, r=256, target_modules=["query", "value"]),
         "prompt-tuning": lambda: PromptTuningConfig(task_type=TaskType.SEQ_CLS, num_virtual_tokens=5),
         "prefix-tuning": lambda: PrefixTuningConfig(
             task_type=TaskType.SEQ_CLS, num_virtual_tokens=32, prefix_projection=True, encoder_hidden_size=800

@@ -7,7 +7,9 @@ classification head excluded. "paper" is the published figure where the paper st
 (ints are checked exactly by ``scripts/count_params.py``). DoRA's figure is PEFT's own count
 (``print_trainable_parameters`` of ``LoraConfig(r=16, lora_alpha=32, target_modules=["query", "value"],
 use_dora=True)`` on roberta-large, no head: tests/test_lora_variants.py builds it and checks the figure);
-PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs).
+PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs). VeRA's figure is its paper's
+(Table 1, RoBERTa-large: 0.061M) and PEFT's count of ``VeraConfig(r=256, target_modules=["query", "value"])``
+on roberta-large, no head (tests/test_vera.py builds it): 61,440, 2 x 24 x (r + d).
 """
 
 from fairseq.data import Dictionary
@@ -18,6 +20,9 @@ from fairseq_idpg.models.build import ROBERTA_BASE, ROBERTA_LARGE, build_method,
 SIZES = {"roberta-base": ROBERTA_BASE, "roberta-large": ROBERTA_LARGE}
 # peft 0.21.2's print_trainable_parameters for DoRA r = 16, alpha = 32 on query and value of roberta-large (no head)
 PEFT_DORA_LARGE = 1_622_016
+# peft 0.21.2's print_trainable_parameters for VeRA r = 256 on query and value of roberta-large (no head): the
+# VeRA paper's 0.061M (Table 1)
+PEFT_VERA_LARGE = 61_440
 
 
 def build_meta(method, size):
@@ -78,6 +83,8 @@ def baseline_rows():
         # 2 x 24 x (2 d r + d): A, B and the magnitude m of each projection
         ("DoRA q,v r=16 (large; PEFT's)", count("dora", "roberta-large"), PEFT_DORA_LARGE),
         ("PiSSA q,v r=16 (large)", count("pissa", "roberta-large"), 2 * 24 * 2 * 1024 * 16),
+        # 2 x 24 x (r + d): d [r] and b [d] of each projection; the shared A and B are frozen
+        ("VeRA q,v r=256 (large; PEFT's)", count("vera", "roberta-large"), PEFT_VERA_LARGE),
         ("MAM adapter 16+16 trained (base)", mam_trained, prefix_trained(768, 12, 16) + ffn_adapter),
         ("MAM adapter 16+16 stored (base)", mam.num_trainable_parameters(), 2 * 12 * 16 * 768 + ffn_adapter),
         (

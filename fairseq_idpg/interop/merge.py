@@ -1,19 +1,19 @@
-"""LoRA and BitFit folded into the frozen weights: a plain fairseq ``roberta`` checkpoint.
+"""LoRA (DoRA, PiSSA), VeRA and BitFit folded into the frozen weights: a plain fairseq ``roberta`` checkpoint.
 
-LoRA's update is linear in the input, so after training W_q + (alpha / r) B A computes the same
-projection with no extra matrix products (Hu et al. 2021 section 4.2, "no additional inference latency");
-``blocks.lora.merge_lora`` does the folding. BitFit trains backbone biases in place, so its trained
-tensors already are the plain model's. What remains is fairseq's stock ``RobertaModel`` with the
-classification head: ``merged_checkpoint`` writes it with the run's cfg, its architecture set to
-``roberta``, so that fairseq-validate and the hub load it without this project's model classes (the
-task of the run still reads the data). Any other block (adapters, prefixes, inducers, (IA)^3) is not a
-change of the frozen weights and is refused in one line.
+LoRA's update is linear in the input, so after training W_q + (alpha / r) B A computes the same projection with no
+extra matrix products (Hu et al. 2021 section 4.2, "no additional inference latency"); ``blocks.lora.merge_lora``
+does the folding, of VeRA's Lambda_b B Lambda_d A too (Kopiczko et al. 2024 section 3). BitFit trains backbone
+biases in place, so its trained tensors already are the plain model's. What remains is fairseq's stock
+``RobertaModel`` with the classification head: ``merged_checkpoint`` writes it with the run's cfg, its
+architecture set to ``roberta``, so that fairseq-validate and the hub load it without this project's model classes
+(the task of the run still reads the data). Any other block (adapters, prefixes, inducers, (IA)^3) is not a change
+of the frozen weights and is refused in one line.
 """
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import METHODS, methods_where
 
-# the blocks of the records that fold into the frozen weights (Method.merges_into_backbone): LoRA's, BitFit's
+# the blocks of the records that fold into the frozen weights (Method.merges_into_backbone): LoRA's, VeRA's, BitFit's
 MERGEABLE = tuple(
     dict.fromkeys(block for name in methods_where(merges_into_backbone=True) for block in METHODS[name].blocks)
 )
@@ -33,11 +33,12 @@ def check_mergeable(run):
 
 
 def merged_model(run):
-    """``run.model`` with its LoRA folded in; returns the plain RoBERTa state dict (backbone + head)."""
+    """``run.model`` with its LoRA (or VeRA) folded in; returns the plain RoBERTa state dict (backbone + head)."""
     from fairseq_idpg.blocks.lora import merge_lora
 
     check_mergeable(run)
-    merge_lora(run.model)
+    for block in MERGEABLE:  # BitFit's biases are backbone tensors already: nothing to fold
+        merge_lora(run.model, block)
     full = run.model.state_dict(full=True)
     keep = run.model.backbone_names
     return {k: v for k, v in full.items() if k in keep or k.startswith("classification_heads.")}

@@ -140,9 +140,9 @@ def pattern_value(patterns, key, default):
 
 
 # ---------------------------------------------------------------------------------------------- our settings
-def lora_modules(config, hf, names, layers, where):
+def lora_modules(config, hf, names, layers, where, method="LoRA"):
     """{our target ("q" / "v"): its module names}; ``NotExpressible`` unless the config selects query and/or
-    value and nothing else, in every layer."""
+    value and nothing else, in every layer (``method``: the update the messages name, LoRA or VeRA)."""
     linear = {n for n in names if n.rsplit(".", 1)[-1] in ("query", "key", "value", "dense", "out_proj", "classifier")}
     chosen = [n for n in names if targeted(config, n, linear)]
     ours = {hf.layer(i, f"attention.self.{m}"): t for i in range(layers) for t, m in LORA_MODULES.items()}
@@ -152,13 +152,13 @@ def lora_modules(config, hf, names, layers, where):
     other = [n for n in chosen if n not in ours]
     if other or not chosen:
         what = f"selects {listed(other)}" if other else "selects no module"
-        raise NotExpressible(f"{where}: {spec} {what}: ours puts LoRA on query and/or value only")
+        raise NotExpressible(f"{where}: {spec} {what}: ours puts {method} on query and/or value only")
     modules = {t: [n for n in chosen if ours[n] == t] for t in sorted(set(ours[n] for n in chosen))}
     for t, found in modules.items():
         if len(found) != layers:
             given = config.get("layers_to_transform")
             raise NotExpressible(
-                f"{where}: {spec}{'' if given is None else f' with layers_to_transform {given!r}'} puts LoRA on "
+                f"{where}: {spec}{'' if given is None else f' with layers_to_transform {given!r}'} puts {method} on "
                 f"{LORA_MODULES[t]} in {len(found)} of {layers} layers: ours has it in every layer"
             )
     return modules

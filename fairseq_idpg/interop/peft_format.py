@@ -9,6 +9,8 @@ What PEFT can hold exactly, and what it cannot (docs/using.md, "PEFT and adapter
   magnitude as ``lora_magnitude_vector``; **PiSSA** (``pissa``, ``--lora-init pissa``) as
   ``init_lora_weights="pissa"``: PEFT recomputes the residual from the original base weights when it loads the
   adapter, as ours does when it builds the model (a full SVD each: equal to float rounding).
+- **VeRA** (``vera``): PEFT's ``VeraConfig`` on ``query``/``value``, the same draw of the shared A and B from
+  ``projection_prng_key`` (our ``--vera-seed``) and the same update; ``interop/peft_vera.py``.
 - **Prompt tuning** (``prompt-tuning-5/100/134``): not exportable. PEFT prepends the virtual tokens
   *before* ``<s>``/``[CLS]`` and the classifier then reads the first virtual token's output
   (``PeftModelForSequenceClassification.forward``: ``cat(prompts, inputs_embeds)``; RoBERTa's head takes
@@ -33,7 +35,7 @@ import os
 import re
 
 from fairseq_idpg.errors import ConfigError, NotExpressible, listed
-from fairseq_idpg.interop import peft_config
+from fairseq_idpg.interop import peft_config, peft_vera
 from fairseq_idpg.interop.hf_backbone import HEAD_MODULES, HEAD_NAMES
 from fairseq_idpg.interop.peft_config import LORA_MODULES
 
@@ -99,13 +101,15 @@ def lora_settings(model):
 
 # ---------------------------------------------------------------------------------------------- export
 def check_exportable(run):
-    """The PEFT type ``run``'s method exports to ("LORA"); ``NotExpressible`` otherwise."""
+    """The PEFT type ``run``'s method exports to ("LORA", "VERA"); ``NotExpressible`` otherwise."""
     options = run.options
     if options.get("arch", options.get("_name", "")).startswith("roberta_prompt"):
         refuse_prompt(options)
     blocks = active_blocks(run.model)
     if blocks == ["lora"]:
         return "LORA"
+    if blocks == ["vera"]:
+        return peft_vera.PEFT_TYPE
     method = describe(options)
     if blocks and "prefix" in blocks:
         raise NotExpressible(
@@ -114,7 +118,7 @@ def check_exportable(run):
             f"the MAM adapter go to adapters (scripts/export_peft.py --format adapters)"
         )
     raise NotExpressible(
-        f"{method}: PEFT holds LoRA here (blocks of this run: {', '.join(blocks or ['none'])}); "
+        f"{method}: PEFT holds LoRA and VeRA here (blocks of this run: {', '.join(blocks or ['none'])}); "
         f"adapters go to --format adapters, the rest has no PEFT form (docs/using.md)"
     )
 
@@ -138,9 +142,10 @@ def lora_tensors(run, hf):
 def export_peft(run, hf, out_dir, base_model):
     """Write ``run`` (a ``trained.TrainedRun``) as a PEFT folder for the Hugging Face model ``hf``
     (``hf_backbone.HFBackbone``) named ``base_model`` in its config; returns the config."""
-    from fairseq_idpg.files import save_safetensors, write_json
-
-    check_exportable(run)
+    if check_exportable(run) == peft_vera.PEFT_TYPE:
+        config = peft_vera.export_config(run, hf, base_model)
+        tensors = {**peft_vera.export_tensors(run, hf, PREFIX), **head_tensors(run, hf)}
+        return write_peft(config, tensors, out_dir)
     rank, alpha, dropout, targets, dora, init = lora_settings(run.model)
     config = {
         "peft_type": "LORA",
@@ -158,7 +163,13 @@ def export_peft(run, hf, out_dir, base_model):
         "init_lora_weights": init if init != "kaiming" else True,
         "inference_mode": True,
     }
-    tensors = {**lora_tensors(run, hf), **head_tensors(run, hf)}
+    return write_peft(config, {**lora_tensors(run, hf), **head_tensors(run, hf)}, out_dir)
+
+
+def write_peft(config, tensors, out_dir):
+    """``out_dir`` as PEFT's ``save_pretrained`` writes it; returns the config."""
+    from fairseq_idpg.files import save_safetensors, write_json
+
     os.makedirs(out_dir, exist_ok=True)
     save_safetensors(tensors, os.path.join(out_dir, WEIGHTS), metadata={"format": "pt"})
     write_json(config, os.path.join(out_dir, CONFIG))
@@ -206,9 +217,14 @@ def check_sizes(found, hidden, hf, dims, where, every_layer=True):
         )
 
 
+def layer_matches(tensors):
+    """The ``LAYER_KEY`` matches of PEFT's per-layer tensors."""
+    return [m for m in (LAYER_KEY.match(k[len(PREFIX) :]) for k in tensors if k.startswith(PREFIX)) if m]
+
+
 def check_lora_sizes(tensors, hf, dims, config, where):
     """``check_sizes`` of PEFT's LoRA tensors (``layers_to_transform`` may leave layers out)."""
-    found = [m for m in (LAYER_KEY.match(k[len(PREFIX) :]) for k in tensors if k.startswith(PREFIX)) if m]
+    found = layer_matches(tensors)
     hidden = next((v.shape[-1] for k, v in tensors.items() if k.endswith(".lora_A.weight")), None)
     check_sizes(found, hidden, hf, dims, where, every_layer=config.get("layers_to_transform") is None)
 
@@ -232,7 +248,9 @@ def lora_import_settings(config, hf, dims, tensors, folder):
 
     where = os.path.join(folder, CONFIG)
     if config.get("peft_type") != "LORA":
-        raise NotExpressible(f"{where}: a PEFT {config.get('peft_type')} adapter; only LORA has our form here")
+        raise NotExpressible(
+            f"{where}: a PEFT {config.get('peft_type')} adapter; only LORA and VERA have our form here"
+        )
     check_lora_sizes(tensors, hf, dims, config, folder)
     layers = dims["--encoder-layers"]
     overrides, modules = peft_config.lora_import_settings(config, hf, module_names(hf, layers), layers, where)
@@ -240,10 +258,10 @@ def lora_import_settings(config, hf, dims, tensors, folder):
     return overrides, modules
 
 
-def imported_state(tensors, hf, model, head, folder):
-    """Our state entries (LoRA + head) from PEFT's ``tensors``; a missing one is one line naming it, and so is a
-    tensor ours has no place for. A BERT head trained without the pooler in ``modules_to_save`` keeps BERT's
-    pretrained pooler."""
+def imported_state(tensors, hf, model, head, folder, vera=False):
+    """Our state entries (LoRA or ``vera``'s b and d, + head) from PEFT's ``tensors``; a missing one is one line
+    naming it, and so is a tensor ours has no place for. A BERT head trained without the pooler in
+    ``modules_to_save`` keeps BERT's pretrained pooler."""
     state, used = {}, set()
 
     def take(key, ours):
@@ -252,6 +270,10 @@ def imported_state(tensors, hf, model, head, folder):
         state[ours] = tensors[key]
         used.add(key)
 
+    if vera:  # b and d; the shared A and B were checked against the seed's draw (peft_vera.check_projections)
+        for key, ours in peft_vera.layer_keys(model, hf, PREFIX):
+            take(key, ours)
+        used.update(k for k in peft_vera.PROJECTIONS.values() if k in tensors)
     for i, layer in enumerate(model.encoder.sentence_encoder.layers):
         for t, module in LORA_MODULES.items():
             if getattr(layer.self_attn, f"lora_{t}", None) is None:
@@ -273,7 +295,7 @@ def imported_state(tensors, hf, model, head, folder):
     if unused:
         raise NotExpressible(
             f"{folder}: {WEIGHTS} holds tensors ours has no place for: {listed(unused)}; ours holds LoRA's A and B "
-            f"(and DoRA's magnitude where use_dora is true) and the head"
+            f"(and DoRA's magnitude where use_dora is true), or VeRA's lambda_b and lambda_d, and the head"
         )
     return state
 
@@ -312,14 +334,19 @@ def import_peft(folder, hf, backbone, data, out_file, any_base=False):
     from fairseq_idpg.run import model_dims
 
     config, tensors = read_peft(folder)
-    overrides, _ = lora_import_settings(config, hf, model_dims(backbone), tensors, folder)
-    method = METHODS[lora_record(overrides)]
+    vera = config.get("peft_type") == peft_vera.PEFT_TYPE
+    if vera:
+        check_sizes(layer_matches(tensors), None, hf, model_dims(backbone), folder, every_layer=False)
+        overrides, _ = peft_vera.import_settings(config, hf, model_dims(backbone), tensors, folder)
+    else:
+        overrides, _ = lora_import_settings(config, hf, model_dims(backbone), tensors, folder)
+    method = METHODS["vera" if vera else lora_record(overrides)]
     if not any_base:
         check_base_model(config.get("base_model_name_or_path"), folder, backbone, hf, "base_model_name_or_path")
     model, cfg = build_for_import(method, backbone, data, overrides)
     head = cfg.model.classification_head_name if hasattr(cfg.model, "classification_head_name") else None
     head = head or next(iter(model.classification_heads))
-    state = imported_state(tensors, hf, model, head, folder)
+    state = imported_state(tensors, hf, model, head, folder, vera=vera)
     copy_imported(model, state, folder)
     save_imported(model, cfg, out_file, source=f"peft:{os.path.abspath(folder)}")
-    return method.name, overrides["--lora-rank"]
+    return method.name, overrides["--vera-rank" if vera else "--lora-rank"]
