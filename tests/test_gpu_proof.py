@@ -173,3 +173,45 @@ def test_a_doc_without_markers_is_refused_before_anything_runs(tmp_path):
     assert run.stderr.strip().splitlines() == [
         f"gpu_proof.sh: error: --doc {doc}: expected the lines {BEGIN!r} and {END!r} once each, in that order"
     ]
+
+
+def test_a_failed_measurement_is_kept_and_the_part_goes_on(tmp_path):
+    """A measurement that raises (out of memory, say) is the part's finding: its line in the record's errors, in the
+    file at once, the run's status 1; the part's next measurement still starts, and the table says it failed."""
+    from fairseq_idpg.gpu_proof.cli import Part, Proof
+
+    proof = Proof(tmp_path / "p.json", None, {})
+    part = Part(proof, "fused", 100, "cpu")
+    done = []
+    for what in ("first", "second"):
+        assert part.fits(what)
+        with part.measuring(what):
+            if what == "first":
+                raise RuntimeError("CUDA out of memory")
+            part.add({"n": 2}, "second measured")
+            done.append(what)
+    assert done == ["second"] and proof.failed
+    written = json.loads((tmp_path / "p.json").read_text())["parts"]["fused"]
+    assert written["errors"] == ["first: RuntimeError: CUDA out of memory"] and written["rows"][0]["n"] == 2
+    from fairseq_idpg.gpu_proof.table import _status
+
+    assert "**failed**: first: RuntimeError: CUDA out of memory" in _status(written)
+
+
+def test_a_part_cuts_what_its_time_left_does_not_cover(tmp_path):
+    """A measurement starts only while the part's time left covers its last one (times the asked scale); else the
+    part is cut, in the file, saying what and why."""
+    from fairseq_idpg.gpu_proof.cli import Part, Proof
+
+    proof = Proof(tmp_path / "p.json", None, {})
+    part = Part(proof, "fused", 500, "cpu")
+    assert part.fits("lora K=20")
+    part.add({"k": 20}, "measured")
+    part.last, part.start = 300.0, part.start - 300  # as if that group took 300 s: 200 s are left
+    assert part.fits("lora K=4", scale=4 / 20) and part.record["cut"] is None  # about 60 s
+    part.last = 300.0
+    assert not part.fits("m-idpg-phm K=20")
+    cut = json.loads((tmp_path / "p.json").read_text())["parts"]["fused"]["cut"]
+    assert cut.startswith("m-idpg-phm K=20 not started: ")
+    assert cut.endswith(" s of the 500 s budget left, it would take about 300 s")
+    assert 195 <= float(cut.split(": ")[1].split()[0]) <= 200

@@ -1,6 +1,7 @@
 """``scripts/gpu_proof.sh`` / ``python -m fairseq_idpg.gpu_proof``: see the package docstring."""
 
 import argparse
+import contextlib
 import datetime
 import os
 import shlex
@@ -109,6 +110,7 @@ class Proof:
         self.data = {**header, "parts": {}, "finished": False, "interrupted": None}
         self.lock = threading.RLock()
         self.start = time.monotonic()
+        self.failed = False  # a measurement failed (``Part.measuring``)
 
     def save(self):
         from fairseq_idpg.files import write_json
@@ -149,6 +151,22 @@ class Part:
         self.item_start = time.monotonic()
         print(f"  [{self.name}] {what} ...", flush=True)
         return True
+
+    @contextlib.contextmanager
+    def measuring(self, what):
+        """One measurement inside: its error (out of memory, a refusal) is the part's finding, said and kept in the
+        record's errors (the run's exit status becomes 1); the part goes on with its next measurement."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 (see above)
+            from fairseq_idpg.check_gpu.training import describe_error
+
+            self.last = time.monotonic() - self.item_start
+            with self.proof.lock:
+                self.record.setdefault("errors", []).append(f"{what}: {describe_error(e)}")
+                self.proof.failed = True
+            print(f"  [{self.name}] {what} failed: {describe_error(e)}", flush=True)
+            self.proof.save()
 
     def add(self, row, line, cut=None):
         self.last = time.monotonic() - self.item_start
@@ -248,6 +266,7 @@ def measure(args):
         with proof.lock:
             proof.data["finished"] = True
         proof.save()
+        code = 1 if proof.failed else code
     except KeyboardInterrupt:
         with proof.lock:
             proof.data["interrupted"] = "interrupted (Ctrl-C or SIGTERM)"

@@ -203,6 +203,9 @@ def fused_against_alone(name, shape, dtype, k, alone, work, updates, device="cpu
 
 def fused(part, s):
     """Part 1: each method at K (the first also at k_small, for its peak memory)."""
+    from fairseq_idpg.fused.train import limit_malloc_arenas
+
+    limit_malloc_arenas()  # as python -m fairseq_idpg.fused.train: the members' threads share a few malloc arenas
     last_k = None
     for i, method in enumerate(s.methods):
         for k in (s.k, s.k_small) if i == 0 else (s.k,):
@@ -210,13 +213,15 @@ def fused(part, s):
             if not part.fits(f"{method} K={k}", scale=k / last_k if last_k else 1.0):
                 return
             last_k = k
-            run = fused_against_alone(
-                method, s.shape, DTYPES[s.dtype], k, min(k, s.alone), s.work, s.updates, s.device, part.left() / 3600
-            )
-            row = run.to_dict()
-            part.add(row, f"{method} K={k}: {row['speedup'] or float('nan'):.2f}x the updates per second of "
-                          f"{'a lone run' if s.alone == 1 else f'{s.alone} lone runs'} (scaled), group start "
-                          f"{row['start_seconds']:.1f} s")  # fmt: skip
+            with part.measuring(f"{method} K={k}"):
+                alone, hours = min(k, s.alone), part.left() / 3600
+                run = fused_against_alone(
+                    method, s.shape, DTYPES[s.dtype], k, alone, s.work, s.updates, s.device, hours
+                )
+                row = run.to_dict()
+                part.add(row, f"{method} K={k}: {row['speedup'] or float('nan'):.2f}x the updates per second of "
+                              f"{'a lone run' if s.alone == 1 else f'{s.alone} lone runs'} (scaled), group start "
+                              f"{row['start_seconds']:.1f} s")  # fmt: skip
             _release(s.device)
 
 
@@ -225,15 +230,8 @@ def updates(part, s):
     """Part 2: per PEFT pair and precision, our whole fairseq-train update, PEFT's plain step and its Trainer's."""
     from fairseq.logging import metrics
 
-    from fairseq_idpg.check_gpu.timing import (
-        hf_roberta,
-        load_backbone,
-        peft_model,
-        sample_batch,
-        time_steps,
-        trained_params,
-        trainer_step_times,
-    )
+    from fairseq_idpg.check_gpu.timing import load_backbone, sample_batch
+    from fairseq_idpg.check_gpu.training import describe_error
     from fairseq_idpg.launches import build_trainer, counterpart, fairseq_train_update, time_updates, train_argv
 
     from .backbone import write_backbone
@@ -241,39 +239,54 @@ def updates(part, s):
     cuda = s.device.type == "cuda"
     state, sizes, dictionary = load_backbone(write_backbone(s.work, s.shape))
     batch, labels = sample_batch(dictionary, s.shape.batch, s.shape.length, s.device)
-    mask = torch.ones_like(batch)
     for precision in s.precisions:  # bf16 first: the precision the papers' GPUs train in
         for method in s.peft_methods:
-            kind = counterpart(method)
             if not part.fits(f"{method} {precision}"):
                 return
-            trainer, sample = build_trainer(train_argv(method, s.shape, DTYPES[precision], s.work, cpu=not cuda))
-            update = time_updates(trainer, sample, s.steps, cuda)
-            with metrics.aggregate("train"):
-                update_flops = count_flops(lambda t=trainer, x=sample: fairseq_train_update(t, x))
-            del trainer, sample
-            _release(s.device)
-            peft = peft_model(hf_roberta(state, sizes), kind)
-            with contextlib.redirect_stdout(None):  # the Trainer's log dict every step
-                trainer_seconds, _, ran = trainer_step_times(peft, batch, labels, precision, method, steps=s.steps)
-            peft = peft.to(device=s.device, dtype=DTYPES[precision]).train()
-            forward = lambda m=peft: m(input_ids=batch, attention_mask=mask).logits  # noqa: E731
-            plain, _ = time_steps(forward, trained_params(peft), labels, s.steps, warmup=3, repeats=3)
-            peft_flops = count_flops(lambda f=forward: F.cross_entropy(f().float(), labels).backward())
-            del peft
-            _release(s.device)
-            row = {
-                "method": method, "peft": kind, "precision": precision, "trainer_ran": ran,
-                "fairseq_update_ms": update * 1e3, "peft_step_ms": plain * 1e3,
-                "trainer_update_ms": trainer_seconds * 1e3,
-                "fairseq_update_flops": update_flops, "peft_step_flops": peft_flops,
-                "fairseq_update_tflops": tflops(update_flops, update), "peft_step_tflops": tflops(peft_flops, plain),
-                "trainer_update_tflops": tflops(peft_flops, trainer_seconds),  # the same model, batch and maths
-                "update_over_peft": update / plain, "update_over_trainer": update / trainer_seconds,
-            }  # fmt: skip
-            part.add(row, f"{method} {precision}: update {row['fairseq_update_ms']:.1f} ms, PEFT step "
-                          f"{row['peft_step_ms']:.1f} ms ({row['update_over_peft']:.3f}), Trainer "
-                          f"{row['trainer_update_ms']:.1f} ms ({row['update_over_trainer']:.3f})")  # fmt: skip
+            with part.measuring(f"{method} {precision}"):
+                trainer, sample = build_trainer(train_argv(method, s.shape, DTYPES[precision], s.work, cpu=not cuda))
+                update = time_updates(trainer, sample, s.steps, cuda)
+                with metrics.aggregate("train"):
+                    flops = count_flops(lambda t=trainer, x=sample: fairseq_train_update(t, x))
+                del trainer, sample
+                _release(s.device)
+                row = {"method": method, "peft": counterpart(method), "precision": precision,
+                       "fairseq_update_ms": update * 1e3, "fairseq_update_flops": flops,
+                       "fairseq_update_tflops": tflops(flops, update)}  # fmt: skip
+                try:
+                    row.update(_peft_side(row, state, sizes, batch, labels, s))
+                except Exception as e:  # noqa: BLE001 (PEFT or the Trainer refusing is a finding; our update stands)
+                    row["peft_error"] = describe_error(e)
+                _release(s.device)
+                said = [f"{method} {precision}: update {row['fairseq_update_ms']:.1f} ms"]
+                if "peft_error" in row:
+                    said.append(f"PEFT: {row['peft_error']}")
+                else:
+                    said.append(f"PEFT step {row['peft_step_ms']:.1f} ms ({row['update_over_peft']:.3f})")
+                    said.append(f"Trainer {row['trainer_update_ms']:.1f} ms ({row['update_over_trainer']:.3f})")
+                part.add(row, ", ".join(said))
+
+
+def _peft_side(row, state, sizes, batch, labels, s):
+    """PEFT's model of the pair on the same backbone and batch: its Hugging Face Trainer's update (fp32 weights,
+    mixed precision: ``trainer_step_times``), then its plain step cast to the precision (``time_steps``); their
+    FLOPs (one count: the same model, batch and maths) and ratios against our update ``row``."""
+    from fairseq_idpg.check_gpu.timing import hf_roberta, peft_model, time_steps, trained_params, trainer_step_times
+
+    precision, update = row["precision"], row["fairseq_update_ms"] / 1e3
+    peft = peft_model(hf_roberta(state, sizes), row["peft"])
+    with contextlib.redirect_stdout(None):  # the Trainer's log dict every step
+        trainer, _, ran = trainer_step_times(peft, batch, labels, precision, row["method"], steps=s.steps)
+    peft = peft.to(device=s.device, dtype=DTYPES[precision]).train()
+    mask = torch.ones_like(batch)
+    forward = lambda: peft(input_ids=batch, attention_mask=mask).logits  # noqa: E731
+    plain, _ = time_steps(forward, trained_params(peft), labels, s.steps, warmup=3, repeats=3)
+    flops = count_flops(lambda: F.cross_entropy(forward().float(), labels).backward())
+    return {
+        "trainer_ran": ran, "peft_step_ms": plain * 1e3, "trainer_update_ms": trainer * 1e3, "peft_step_flops": flops,
+        "peft_step_tflops": tflops(flops, plain), "trainer_update_tflops": tflops(flops, trainer),
+        "update_over_peft": update / plain, "update_over_trainer": update / trainer,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- 3. stopped and resumed

@@ -25,6 +25,7 @@ def _status(part):
     said = []
     if part.get("error"):
         said.append(f"**failed**: {part['error']}")
+    said += [f"**failed**: {error}" for error in part.get("errors", [])]
     if part.get("cut"):
         said.append(f"**cut**: {part['cut']}")
     timing = f"{part['seconds']:.0f} s of its {part['budget_seconds']:g} s budget, on {part['device']}"
@@ -57,13 +58,14 @@ def updates_table(part):
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in part["rows"]:
-        ran = "" if r["trainer_ran"] == r["precision"] else f" (ran {r['trainer_ran']})"
+        ran = "" if r.get("trainer_ran", r["precision"]) == r["precision"] else f" (ran {r['trainer_ran']})"
+        peft = f" (PEFT: {r['peft_error']})" if "peft_error" in r else ""
         lines.append(
-            f"| {r['method']} ({r['peft']}) | {r['precision']} "
+            f"| {r['method']} ({r['peft']}){peft} | {r['precision']} "
             f"| {_n(r['fairseq_update_ms'])} ({_tf(r['fairseq_update_tflops'])}) "
-            f"| {_n(r['peft_step_ms'])} ({_tf(r['peft_step_tflops'])}) "
-            f"| {_n(r['trainer_update_ms'])}{ran} ({_tf(r['trainer_update_tflops'])}) "
-            f"| **{_n(r['update_over_peft'], 3)}** | {_n(r['update_over_trainer'], 3)} |"
+            f"| {_n(r.get('peft_step_ms'))} ({_tf(r.get('peft_step_tflops'))}) "
+            f"| {_n(r.get('trainer_update_ms'))}{ran} ({_tf(r.get('trainer_update_tflops'))}) "
+            f"| **{_n(r.get('update_over_peft'), 3)}** | {_n(r.get('update_over_trainer'), 3)} |"
         )
     return lines, "TFLOP/s: the step's FLOPs (torch's FlopCounterMode) over its time; the Trainer's are PEFT's step's."
 
