@@ -47,6 +47,7 @@ def cpu_run(tmp_path_factory):
 def test_every_part_runs_on_the_cpu_and_the_json_holds_it(cpu_run):
     text, data, _ = cpu_run
     assert "no CUDA device: every part runs on the CPU at a tiny size" in text
+    assert "expected on a GPU: fused 240 + updates 1 + resume 40 + serving 60 + the start ~40 = 381 s" in text
     assert set(data) == HEADER
     assert data["device"] == "cpu" and data["cuda"] is None and data["finished"] and data["interrupted"] is None
     assert data["dictionary"] == 50265  # RoBERTa's, from the synthetic vocabulary
@@ -215,3 +216,16 @@ def test_a_part_cuts_what_its_time_left_does_not_cover(tmp_path):
     assert cut.startswith("m-idpg-phm K=20 not started: ")
     assert cut.endswith(" s of the 500 s budget left, it would take about 300 s")
     assert 195 <= float(cut.split(": ")[1].split()[0]) <= 200
+
+
+def test_the_gpu_run_is_planned_within_eight_minutes():
+    """The default budgets and the start fit the limit, the limit is 8 minutes, and the run prints so."""
+    from fairseq_idpg.gpu_proof.cli import GPU_BUDGETS, LIMIT, START_ESTIMATE, estimate
+
+    assert list(GPU_BUDGETS) == list(PARTS) and LIMIT == 480
+    assert sum(GPU_BUDGETS.values()) + START_ESTIMATE <= LIMIT
+    assert estimate(GPU_BUDGETS, LIMIT) == (
+        "expected on a GPU: fused 240 + updates 90 + resume 40 + serving 60 + the start ~40 = 470 s, within the 480 s "
+        "limit"
+    )
+    assert estimate({"fused": 500}, LIMIT).endswith("= 540 s, OVER the 480 s limit")

@@ -23,6 +23,7 @@ FUSED_METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora", "prefix-tuning", "houl
 # they fit LIMIT; each part stops at its own
 GPU_BUDGETS = {"fused": 240, "updates": 90, "resume": 40, "serving": 60}
 LIMIT = 480  # the whole run's wall time, start included: past it the file is written as it is and the run ends
+START_ESTIMATE = 40  # seconds before the first part on a GPU: imports, the random roberta.large written (~1.4 GB)
 # the sizes (cli.setting); the CPU's are tiny: a code path, not a device
 GPU = dict(size="large", batch=16, length=128, k=20, k_small=4, alone=1, updates=12, steps=8, resume=(2, 6, 3),
            tasks=16, models=2, per_task=8, repeats=5)  # fmt: skip
@@ -230,8 +231,9 @@ def measure(args):
     budgets = {part: args.budgets.get(part, GPU_BUDGETS[part]) for part in args.parts}
     proof = Proof(out, doc, header(args, s, device_name, budgets))
     print(f"GPU proof on {device_name}: torch {torch.__version__}, CUDA {torch.version.cuda}; {s.size} "
-          f"({s.shape.layers} x {s.shape.dim}), batch {s.shape.batch} x {s.shape.length}; parts {budgets} s; "
-          f"limit {args.limit:g} s; writing {out}" + (f" and {doc}" if doc else ""), flush=True)  # fmt: skip
+          f"({s.shape.layers} x {s.shape.dim}), batch {s.shape.batch} x {s.shape.length}; writing {out}"
+          + (f" and {doc}" if doc else ""), flush=True)  # fmt: skip
+    print(f"  {estimate(budgets, args.limit)}", flush=True)
     if not cuda:
         torch.set_num_threads(1)  # the machine may be shared: spinning idle threads slow tiny operators tenfold
         print("  no CUDA device: every part runs on the CPU at a tiny size, one thread (a code path, not a device)",
@@ -277,6 +279,15 @@ def measure(args):
         timer.cancel()
     print(f"\nwrote {out}" + (f" and the tables of {doc}" if doc else "") + f" in {time.monotonic() - START:.0f} s")
     return code
+
+
+def estimate(budgets, limit):
+    """The run's expected wall time on a GPU: the parts' budgets and the start (each part stops at its budget; the
+    limit stops the whole)."""
+    total = sum(budgets.values()) + START_ESTIMATE
+    parts = " + ".join(f"{name} {seconds:g}" for name, seconds in budgets.items())
+    within = "within" if total <= limit else "OVER"
+    return f"expected on a GPU: {parts} + the start ~{START_ESTIMATE} = {total:g} s, {within} the {limit:g} s limit"
 
 
 def header(args, s, device_name, budgets):
