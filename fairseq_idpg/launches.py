@@ -598,6 +598,17 @@ def fairseq_train_update(trainer, sample):
         metrics.reset_meters("train_inner")
 
 
+def time_updates(trainer, sample, updates, cuda, warmup=3, repeats=3):
+    """Seconds per fairseq-train update (``fairseq_train_update``, ``sample`` reused): ``check_gpu.timing.fastest``'s
+    device figure (synchronised wall time on a GPU, the process's CPU time on the CPU)."""
+    from fairseq.logging import metrics
+
+    from fairseq_idpg.check_gpu.timing import fastest
+
+    with metrics.aggregate("train"):  # train() runs under it
+        return fastest(lambda: fairseq_train_update(trainer, sample), updates, warmup, repeats, cuda)[0]
+
+
 def update_launches(name, shape, dtype=torch.bfloat16, warmup=2, trace=True, folder=None):
     """The launches (and ``host_syncs``) of one fairseq-train update of record ``name`` after ``warmup``:
     fairseq's ``Trainer`` with the run's task, model, criterion and optimizer (loss scaling, clipping, the

@@ -27,10 +27,8 @@ group (one update of every member) and the updates-per-second ratio, K x the one
 import argparse
 import contextlib
 import logging
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -42,9 +40,7 @@ from fairseq_idpg.launches import (
     Shape,
     fused_update_launches,
     one_thread,
-    train_argv,
     update_launches,
-    without_member_flags,
 )
 
 DEFAULT_METHODS = ("prompt-tuning-5", "m-idpg-phm", "lora")
@@ -86,32 +82,7 @@ def launches(opts):
         print(f"{name:<18} {alone:>7,} {cells}", flush=True)
 
 
-@contextlib.contextmanager
-def update_starts(starts):
-    """Append the start of every fairseq ``Trainer.train_step`` (one update) to ``starts``."""
-    from fairseq.trainer import Trainer
-
-    train_step = Trainer.train_step
-
-    def timed(self, *args, **kwargs):
-        starts.append(time.perf_counter())
-        return train_step(self, *args, **kwargs)
-
-    Trainer.train_step = timed
-    try:
-        yield
-    finally:
-        Trainer.train_step = train_step
-
-
-def steady(starts, skip=3):
-    """The median time between consecutive starts, the first ``skip`` left out (warm-up)."""
-    gaps = [b - a for a, b in zip(starts[skip:-1], starts[skip + 1 :], strict=True)]
-    return statistics.median(gaps) if gaps else float("nan")
-
-
 def wall(opts):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # checkpoint_support
     cuda = opts.device == "cuda"
     sizes = SIZES.get(opts.size, dict(layers=opts.layers, dim=opts.dim))
     shape = Shape(**sizes, batch=opts.batch, length=opts.length)
@@ -129,37 +100,19 @@ def wall(opts):
         work.mkdir(parents=True, exist_ok=True)
         for name in opts.methods:
             for k in ks:
-                with tempfile.TemporaryDirectory(dir=work) as folder:
-                    wall_of(name, shape, dtype, k, min(k, opts.alone or k), work, folder, opts)
+                wall_of(name, shape, dtype, k, min(k, opts.alone or k), work, opts)
 
 
-def wall_of(name, shape, dtype, k, alone, work, folder, opts):
-    """One method's line of ``wall``: ``alone`` of the ``k`` runs one after another, then the ``k`` together."""
-    from checkpoint_support import fairseq_train  # fairseq-train's main in this process, from a new process's state
+def wall_of(name, shape, dtype, k, alone, work, opts):
+    """One method's line of ``wall``: ``alone`` of the ``k`` runs one after another, then the ``k`` together
+    (``gpu_proof.parts.fused_against_alone``, the device script's measurement)."""
+    from fairseq_idpg.gpu_proof.parts import fused_against_alone
 
-    from fairseq_idpg.fused.train import train_group
-
-    argv = train_argv(name, shape, dtype, work, cpu=opts.device == "cpu", batches=opts.updates, bpe_dir=opts.bpe_dir)
-    shared = without_member_flags(argv)
-    shared += ["--max-update", str(opts.updates), "--validate-interval-updates", str(max(1, opts.updates // 2))]
-    members = [["--lr", "1e-4", "--seed", str(s), "--save-dir", f"{folder}/fused/{s}"] for s in range(1, k + 1)]
-    lone = []
-    start = time.perf_counter()
     with contextlib.redirect_stdout(None):
-        for own in members[:alone]:
-            starts = []
-            with update_starts(starts):
-                fairseq_train([*shared, *own[:4], "--save-dir", own[5].replace("fused", "alone")])
-            lone.append(steady(starts))
-    alone_seconds = (time.perf_counter() - start) * k / alone
-    rounds = []
-    start = time.perf_counter()
-    outcome = train_group(shared, members, round_starts=rounds)
-    fused = time.perf_counter() - start
-    assert not any(outcome.values()), outcome
-    per_update, per_round = statistics.median(lone), steady(rounds)
-    print(f"{name:<16} {k:>3} {alone_seconds:8.1f} {fused:8.1f} {alone_seconds / fused:6.2f} {per_update * 1e3:16.1f} "
-          f"{per_round * 1e3:15.1f} {k * per_update / per_round:16.2f}", flush=True)  # fmt: skip
+        run = fused_against_alone(name, shape, dtype, k, alone, work, opts.updates, opts.device, bpe_dir=opts.bpe_dir)
+    print(f"{name:<16} {k:>3} {run.alone_seconds:8.1f} {run.fused_seconds:8.1f} "
+          f"{run.alone_seconds / run.fused_seconds:6.2f} {run.per_update * 1e3:16.1f} {run.per_round * 1e3:15.1f} "
+          f"{run.speedup:16.2f}", flush=True)  # fmt: skip
 
 
 def step(opts):

@@ -16,22 +16,14 @@ GPU would launch them: ``fairseq_idpg.launches.count_launches``), a figure that 
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SENTENCES = [
-    "a gripping , funny and moving film that never lets go .", "the plot is thin and the jokes fall flat .",
-    "it 's fine .", "one of the year 's best , with a cast that clearly enjoys every scene .",
-    "dull .", "a mess of a movie , too long by half and never sure what it wants to say about its own characters .",
-    "warm and wise .", "the kind of film that makes you want to call your mother .",
-]  # fmt: skip
 
 
 def tensor_bytes(modules):
@@ -45,16 +37,6 @@ def tensor_bytes(modules):
                 seen.add(key)
                 total += t.untyped_storage().nbytes()
     return total
-
-
-def median_seconds(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def forward_launches(mt, hubs, names, rows):
@@ -87,11 +69,11 @@ def forward_launches(mt, hubs, names, rows):
 
 def measure(k, runs, data, args, bpe):
     """One line of the table: K tasks mixed against their K models one by one."""
-    from fairseq.data.data_utils import collate_tokens
     from fairseq.models.roberta import RobertaModel
 
     from fairseq_idpg.hub import MultiTaskModel
     from fairseq_idpg.hub.attached import HEAD
+    from fairseq_idpg.hub.timing import mixed_seconds, one_by_one_seconds, task_rows
 
     names = [f"task{i}" for i in range(k)]
     mt = MultiTaskModel(args.backbone, device=args.device, **bpe)
@@ -102,22 +84,9 @@ def measure(k, runs, data, args, bpe):
             user_dir=str(REPO / "fairseq_idpg"), backbone=args.backbone, **bpe).eval().to(args.device)
         for run in runs[:k]
     ]  # fmt: skip
-    rows = [(name, SENTENCES[(i + j) % len(SENTENCES)]) for i, name in enumerate(names) for j in range(args.rows)]
-    order = sorted(range(len(rows)), key=lambda r: (r * 7919) % len(rows))  # the tasks' rows interleaved
-    mixed_names, mixed_texts = [rows[r][0] for r in order], [rows[r][1] for r in order]
-
-    def mixed():
-        with torch.no_grad():
-            return mt.logits(mixed_names, mixed_texts)
-
-    def one_by_one():
-        with torch.no_grad():
-            for i, hub in enumerate(hubs):
-                texts = [t for n, t in rows if n == names[i]]
-                tokens = collate_tokens([hub.encode(t) for t in texts], pad_idx=hub.task.dictionary.pad())
-                hub.predict(HEAD, tokens, return_logits=True)
-
-    t_mixed, t_seq = median_seconds(mixed, args.repeats), median_seconds(one_by_one, args.repeats)
+    rows, _, _ = task_rows(names, args.rows)
+    t_mixed = mixed_seconds(mt, names, args.rows, args.repeats)
+    t_seq = one_by_one_seconds(hubs, names, args.rows, args.repeats, HEAD)
     mem_mixed = tensor_bytes(
         [g.template for g in mt.groups] + [g.stacked() for g in mt.groups]
         + [t for task in mt.tasks.values() for t in task.state.values()]

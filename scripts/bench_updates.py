@@ -28,7 +28,6 @@ import gc
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -39,7 +38,7 @@ from fairseq_idpg.launches import (
     SIZES,
     Shape,
     build_trainer,
-    fairseq_train_update,
+    time_updates,
     train_argv,
     train_folders,
 )
@@ -61,27 +60,6 @@ def parse_args(argv):
     p.add_argument("--no-peft", action="store_true", help="skip the plain-loop pairs (and the Trainer's)")
     p.add_argument("--no-trainer", action="store_true", help="skip PEFT trained by transformers.Trainer")
     return p.parse_args(argv)
-
-
-def time_updates(trainer, sample, updates, cuda, warmup=3, repeats=3):
-    """Seconds per fairseq-train update (module docstring)."""
-    from fairseq.logging import metrics
-
-    with metrics.aggregate("train"):  # train() runs under it
-        for _ in range(warmup):
-            fairseq_train_update(trainer, sample)
-        best = None
-        for _ in range(repeats):
-            if cuda:
-                torch.cuda.synchronize()
-            wall, cpu = time.perf_counter(), time.process_time()
-            for _ in range(updates):
-                fairseq_train_update(trainer, sample)
-            if cuda:
-                torch.cuda.synchronize()
-            seconds = (time.perf_counter() - wall if cuda else time.process_time() - cpu) / updates
-            best = seconds if best is None else min(best, seconds)
-    return best
 
 
 def main(argv=None):
@@ -154,14 +132,17 @@ def plain_loops(model_dir, device, opts, shape, updates):
 def trainer_updates(model_dir, device, opts, shape, updates, plain, skipped):
     """Print per PEFT pair and precision: our fairseq-train update, PEFT's plain step, PEFT's Trainer update
     (module docstring) and ours / Trainer."""
-    from fairseq_idpg.check_gpu.timing import PEFT_PAIRS, hf_roberta, load_backbone, peft_model, trainer_step_times
+    from fairseq_idpg.check_gpu.timing import (
+        PEFT_PAIRS,
+        hf_roberta,
+        load_backbone,
+        peft_model,
+        sample_batch,
+        trainer_step_times,
+    )
 
     state, sizes, dictionary = load_backbone(model_dir)
-    g = torch.Generator().manual_seed(0)  # compare's batch: <s> words </s>, random labels
-    words = torch.randint(dictionary.nspecial, len(dictionary) - 1, (shape.batch, shape.length - 2), generator=g)
-    ends = [torch.full((shape.batch, 1), index) for index in (0, 2)]
-    batch = torch.cat([ends[0], words, ends[1]], 1).to(device)
-    labels = torch.randint(0, 2, (shape.batch,), generator=g).to(device)
+    batch, labels = sample_batch(dictionary, shape.batch, shape.length, device)  # compare's batch
     print("fairseq-train update against PEFT with transformers.Trainer (ms):", flush=True)
     for kind, record in PEFT_PAIRS.items():
         if f"peft:{kind}" in skipped:

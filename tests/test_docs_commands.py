@@ -83,6 +83,11 @@ RULES = [
     (r": export |^\S+: \w+=\S+$|: mkdir -p ", "shell", "sets a shell variable or makes a folder"),
     (r": (WATCH_PID=\S+ )?nohup ", "syntax", "starts the stand-in studies in the background (CPU-days)"),
     (r": scripts/check_gpu\.sh ", "help", "needs a GPU (and roberta.large's size)"),
+    (
+        r": scripts/gpu_proof\.sh",
+        "help",
+        "the device script: 8 minutes of a GPU at roberta.large's shape (its CPU mode runs in tests/test_gpu_proof.py)",
+    ),
     (r": scripts/train\.sh ", "help", "trains roberta.large on several GPUs (a placeholder's arguments)"),
     (r": fairseq-train .* \.\.\.$", "help", "an excerpt: its '...' stands for the rest of a command"),
     (r": python scripts/prepare_data\.py RTE --raw \$GLUE_DIR/RTE .*--bpe gpt2", "slow-run", ""),

@@ -146,6 +146,13 @@ def time_steps(forward: Callable, params, labels, steps, warmup, repeats=1):
         loss.backward()
         optimizer.step()
 
+    return fastest(step, steps, warmup, repeats, cuda)
+
+
+def fastest(step: Callable, steps, warmup, repeats, cuda):
+    """(device seconds, wall seconds) per call of ``step``: the fastest of ``repeats`` runs of ``steps`` calls after
+    ``warmup`` calls; the device's figure is the synchronised wall time on a GPU, the process's CPU time on the CPU
+    (the machine may be shared)."""
     for _ in range(warmup):
         step()
     best = None
@@ -167,15 +174,21 @@ def trained_params(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def compare(model_dir, device, precisions, batch_size, tokens, steps=20, warmup=5, repeats=3, log=print):
-    """Time every pair of the module docstring at each precision; returns (StepTime list, skipped:
-    {name: reason})."""
-    state, sizes, dictionary = load_backbone(model_dir)
+def sample_batch(dictionary, batch_size, tokens, device):
+    """(tokens [batch_size, tokens]: ``<s>`` random words of ``dictionary`` ``</s>``, 2-class labels), seeded: the
+    batch every timed loop of one comparison gets."""
     g = torch.Generator().manual_seed(0)
     words = torch.randint(dictionary.nspecial, len(dictionary) - 1, (batch_size, tokens - 2), generator=g)
     batch = torch.cat([torch.zeros(batch_size, 1, dtype=torch.long), words, torch.full((batch_size, 1), 2)], 1)
     labels = torch.randint(0, 2, (batch_size,), generator=g)
-    batch, labels = batch.to(device), labels.to(device)
+    return batch.to(device), labels.to(device)
+
+
+def compare(model_dir, device, precisions, batch_size, tokens, steps=20, warmup=5, repeats=3, log=print):
+    """Time every pair of the module docstring at each precision; returns (StepTime list, skipped:
+    {name: reason})."""
+    state, sizes, dictionary = load_backbone(model_dir)
+    batch, labels = sample_batch(dictionary, batch_size, tokens, device)
     mask = torch.ones_like(batch)
     sentence_ids = torch.arange(batch_size, device=device)  # slot 0 (the attached M(x) cache), rows 0..B-1
     times, skipped = [], {}

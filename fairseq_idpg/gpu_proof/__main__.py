@@ -1,0 +1,5 @@
+import sys
+
+from fairseq_idpg.gpu_proof.cli import main
+
+sys.exit(main())
