@@ -304,9 +304,9 @@ LORA_VARIANT_RECIPE = replace(
 # VeRA (Kopiczko et al. 2024), its appendix Table 8 for RoBERTa-large on GLUE: the VeRA vectors and the head at
 # their own learning rates per task, linear decay after 6% warmup (AdamW; Hu et al. 2022's setup, whose NLU scripts
 # also give the weight decay 0.1 and HF Trainer's clipping at 1.0), batch 32, max length 128; MNLI and QQP are not in
-# its table (they take the SST-2 column here, as do tasks outside GLUE). The paper is not in ../shared/papers: the
-# values were written down from its published Table 8 (base column MRPC, 30 epochs / 4e-3 / 1e-2 at batch 64, agrees
-# with a public reproduction's script) and are to be checked against the paper before a table is reported.
+# its table (they take the SST-2 column here, as do tasks outside GLUE). These values were written down from the
+# published Table 8 without the PDF at hand (its base column's MRPC, 30 epochs / 4e-3 / 1e-2 at batch 64, agrees with
+# a public reproduction's script): check them against the paper before a table is reported.
 VERA_SOURCE = "VeRA appendix Table 8 (RoBERTa-large)"
 _VERA_TABLE = {  # task: (lr of d and b, lr of the head, epochs)
     "SST-2": (1e-2, 6e-3, 10), "MRPC": (3e-2, 3e-3, 40), "CoLA": (1e-2, 6e-3, 40),
