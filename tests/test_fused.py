@@ -12,10 +12,10 @@ from fairseq_idpg.launches import Shape, count_launches, ours, tiny_batch
 SHAPE = Shape(layers=2)
 HEAD = "head"
 # a method of each family: prompts (input, deep, decomposed), IDPG (single- and multi-layer), blocks (LoRA and its
-# variants, which read the frozen projection: DoRA's norms, PiSSA's frozen start), BitFit
+# variants, which read the frozen projection: DoRA's norms, PiSSA's frozen start), BitFit, LoReFT (a parametrised R)
 METHODS = [
     "prompt-tuning-5", "p-tuning-v2-5", "dpt", "s-idpg-phm", "m-idpg-phm", "lora", "dora", "pissa", "prefix-tuning",
-    "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit",
+    "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit", "loreft",
 ]  # fmt: skip
 K = 3
 

@@ -7,7 +7,9 @@ classification head excluded. "paper" is the published figure where the paper st
 (ints are checked exactly by ``scripts/count_params.py``). DoRA's figure is PEFT's own count
 (``print_trainable_parameters`` of ``LoraConfig(r=16, lora_alpha=32, target_modules=["query", "value"],
 use_dora=True)`` on roberta-large, no head: tests/test_lora_variants.py builds it and checks the figure);
-PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs).
+PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs). LoReFT's figure is
+r (2 d + 1) per layer, 49,176 at roberta.large: ReFT Table 4's 0.014% of RoBERTa-large's 355,359,744
+(tests/test_loreft.py).
 """
 
 from fairseq.data import Dictionary
@@ -89,6 +91,9 @@ def baseline_rows():
         # output.dense (feedforward) counts the same 55,296 (blocks/ia3.py)
         ("(IA)^3 k, v, ff (base)", count("ia3", "roberta-base"), 12 * (768 + 768 + 3072)),
         ("(IA)^3 k, v, ff (large)", count("ia3", "roberta-large"), 24 * (1024 + 1024 + 4096)),
+        # r (2 d + 1) per layer: R and W [r, d], b [r] (blocks/loreft.py); ReFT Table 4: 0.015% and 0.014%
+        ("LoReFT r=1, all layers, f1 (base)", count("loreft", "roberta-base"), 12 * (2 * 768 + 1)),
+        ("LoReFT r=1, all layers, f1 (large)", count("loreft", "roberta-large"), 24 * (2 * 1024 + 1)),
     ]
     return rows
 
