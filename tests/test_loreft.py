@@ -123,3 +123,13 @@ def test_chosen_layers_only(tiny):
     model = build_tiny(tiny, "roberta_blocks", blocks_preset="loreft", loreft_layers="1")
     layers = model.encoder.sentence_encoder.layers
     assert getattr(layers[0], "loreft", None) is None and isinstance(layers[1].loreft, LoReFT)
+
+
+def test_overlapping_first_and_last_positions_are_edited_once():
+    """f2+l2 on a row of 3 real tokens: token 1 is both a first and a last one; Phi is applied to it once."""
+    torch.manual_seed(3)
+    block = LoReFT(8, 2, first=2, last=2).eval()
+    h = torch.randn(5, 2, 8)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    chosen = torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool).T[..., None]
+    assert torch.allclose(block(h, pad), torch.where(chosen, block.edit(h), h), atol=1e-6)

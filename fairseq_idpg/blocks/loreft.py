@@ -4,7 +4,8 @@ low-rank edit of a layer's output hidden states at a few positions,
     Phi(h) = h + R^T (W h + b - R h)        R: [r, d], rows orthonormal (R R^T = I_r); W: [r, d]; b: [r]
 
 applied to the output of every layer (after its final LayerNorm: pyreft's component
-``roberta.encoder.layer[l].output``) at the first ``n`` and last ``m`` non-padding tokens
+``roberta.encoder.layer[l].output``) at the first ``n`` and last ``m`` non-padding tokens (gathered, edited and
+scattered back, k = n + m rows per sequence)
 (``--loreft-positions f1``: the paper's GLUE setting, the ``<s>`` token the head reads), the other tokens
 unchanged. Phi moves h only inside the r-dimensional subspace spanned by R's rows, to W h + b there.
 
@@ -82,24 +83,36 @@ class LoReFT(nn.Module):
         return self.rotation.weight
 
     def positions(self, h, padding_mask):
-        """[T, B, 1] bool: the first ``first`` and the last ``last`` non-padding tokens of each sequence."""
+        """([k, B] long, [k, B] bool), k = first + last: each row's first ``first`` and last ``last`` real tokens
+        (padding on either side, the real tokens contiguous) and whether each slot is one to edit (a real token,
+        and a last-slot not already a first-slot: a short row edits each token once)."""
         length, bsz = h.shape[:2]
-        real = torch.ones(bsz, length, dtype=torch.bool, device=h.device)
-        if padding_mask is not None:
+        if padding_mask is None:
+            lengths = torch.full((bsz,), length, dtype=torch.long, device=h.device)
+            start = torch.zeros_like(lengths)
+        else:
             real = ~padding_mask.to(torch.bool)
-        rank = real.long().cumsum(1)  # 1-based index of each real token among its sequence's real tokens
-        count = rank[:, -1:]
-        chosen = real & ((rank <= self.first) | (rank > count - self.last))
-        return chosen.T.unsqueeze(-1)
+            lengths = real.long().sum(1)
+            start = (real.long().cumsum(1) == 0).long().sum(1)  # the leading padding (left-padded rows)
+        slot = torch.arange(self.first + self.last, device=h.device)[:, None]  # [k, 1]
+        is_last = slot >= self.first
+        within = torch.where(is_last, lengths - self.last + slot - self.first, slot)  # index among the real tokens
+        valid = (within >= 0) & (within < lengths) & (~is_last | (within >= self.first))
+        return (start + within).clamp(0, length - 1), valid
 
     def edit(self, h):
-        """Dropout(h + R^T (W h + b - R h)) at every token: [..., d] -> [..., d]."""
+        """Dropout(h + R^T (W h + b - R h)): [..., d] -> [..., d]."""
         R = self.R.to(h.dtype)
         delta = (self.source(h.to(self.source.weight.dtype)).to(h.dtype) - h @ R.T) @ R
         return self.dropout(h + delta)
 
     def forward(self, h, padding_mask=None):
-        return torch.where(self.positions(h, padding_mask), self.edit(h), h)
+        # only the chosen positions are gathered and edited (their change scattered back): no [T, B, d] work
+        index, valid = self.positions(h, padding_mask)
+        index = index[..., None].expand(-1, -1, h.shape[-1])
+        chosen = h.gather(0, index)  # [k, B, d]
+        change = (self.edit(chosen) - chosen) * valid[..., None].to(h.dtype)
+        return h.scatter_add(0, index, change)
 
 
 def parse_positions(text):
