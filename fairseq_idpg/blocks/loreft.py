@@ -4,10 +4,10 @@ low-rank edit of a layer's output hidden states at a few positions,
     Phi(h) = h + R^T (W h + b - R h)        R: [r, d], rows orthonormal (R R^T = I_r); W: [r, d]; b: [r]
 
 applied to the output of every layer (after its final LayerNorm: pyreft's component
-``roberta.encoder.layer[l].output``) at the first ``n`` and last ``m`` non-padding tokens (gathered, edited and
-scattered back, k = n + m rows per sequence)
-(``--loreft-positions f1``: the paper's GLUE setting, the ``<s>`` token the head reads), the other tokens
-unchanged. Phi moves h only inside the r-dimensional subspace spanned by R's rows, to W h + b there.
+``roberta.encoder.layer[l].output``) at the first ``n`` and last ``m`` non-padding tokens (``--loreft-positions
+f1``: the paper's GLUE setting, the ``<s>`` token the head reads; gathered, edited and scattered back, k = n + m
+rows per sequence), the other tokens unchanged. Phi moves h only inside the r-dimensional subspace spanned by
+R's rows, to W h + b there.
 
 R stays orthonormal through an orthogonal parametrisation (as pyreft's ``LowRankRotateLayer`` under
 ``torch.nn.utils.parametrizations.orthogonal``): the trained tensor A [d, r] holds Householder reflectors
@@ -15,8 +15,9 @@ below its diagonal and R^T = householder_product(A) * sign(diag A), torch's ``ho
 pyreft we do not use torch's trivialisation, which keeps a frozen d x d orthogonal ``base`` per layer
 (4 MiB at d = 1024, 24 of them at roberta.large) and multiplies it in: the forward, and the gradients
 with respect to R, W and b, are the same on the same R (scripts/loreft_reference_check.py), while the
-optimiser steps the reflectors around the identity of R's start rather than around a rotated base.
-The map is computed in float32 (``householder_product`` has no fp16 kernel) and cast to h's dtype.
+optimiser moves R along other coordinates (pyreft's reflectors start at -I under the base, ours are R's own),
+so the two trajectories part after the first update (measured in docs/inducer.md). The map is computed in
+float32 (torch's ``householder_product`` has no fp16 or bf16 kernel on the CPU) and cast to h's dtype.
 
 Dropout: pyreft's ``LoreftIntervention`` applies Dropout(p) to the whole intervened state h + R^T(...)
 (``--loreft-dropout``, its GLUE command's 0.05); Eq. 2 has no dropout term.
