@@ -54,7 +54,7 @@ FAMILIES = {
     "inducer": "keys and values added inside attention: prefix tuning, inducer-tuning",
     "adapters": "bottleneck modules on the sublayers' outputs: Houlsby, Compacter, the MAM adapter",
     "lora": "a low-rank update of the attention projections: LoRA (Hu et al. 2021), DoRA, PiSSA, VeRA",
-    "bitfit": "the encoder's activations shifted or scaled: BitFit's biases, (IA)^3's scales",
+    "bitfit": "the encoder's activations shifted or scaled: BitFit's biases, (IA)^3's scales, LoReFT's edits",
     "finetune": "every weight trained: full fine-tuning, EFL",
 }
 EXPORT_FORMATS = ("peft", "adapters")  # scripts/export_peft.py --format: Hugging Face PEFT, AdapterHub adapters
@@ -325,6 +325,18 @@ VERA_RECIPE = Recipe(
              "select_on": "VeRA section 4.1 (best epoch on dev; MNLI not in its table: matched)"},
 )  # fmt: skip
 
+# LoReFT on GLUE (pyreft's examples/loreft README, its RoBERTa GLUE command): AdamW, lr 6e-4, linear decay after
+# 9% warmup, batch 32, weight decay 0, clipping at 1 (HF's default), max length 256, the head trained with the
+# intervention (--allow_cls_grad); the epochs are per task in the paper's appendix table (3 in that command).
+LOREFT_SOURCE = "pyreft examples/loreft README (the GLUE command, roberta-base; ReFT appendix for per-task values)"
+LOREFT_RECIPE = Recipe(
+    lr=6e-4, scheduler="polynomial_decay", warmup=0.09, batch=32, epochs=3, clip_norm=1.0, weight_decay=0.0,
+    sources={"lr": LOREFT_SOURCE, "scheduler": LOREFT_SOURCE + " (linear)", "warmup": LOREFT_SOURCE,
+             "batch": LOREFT_SOURCE, "epochs": LOREFT_SOURCE + "; not the paper's per-task epochs",
+             "clip_norm": "HF TrainingArguments' default max_grad_norm, which pyreft's train.py leaves",
+             "weight_decay": LOREFT_SOURCE},
+)  # fmt: skip
+
 # ---------------------------------------------------------------------------------------- records
 register(
     Method(
@@ -528,6 +540,11 @@ _BLOCK_METHODS = (  # name, preset, recipe, description, source, capabilities
              sources={**INDUCER_RECIPE.sources, "lr": "(IA)^3 paper's T-Few recipe (Liu et al. 2022)"}),
      "(IA)^3: l_k, l_v, l_ff scale keys, values, FFN inner activations (55,296 at roberta-base)",
      "Liu et al. 2022 (T-Few)", dict(family="bitfit")),
+    # ReFT's GLUE setting (pyreft examples/loreft, its RoBERTa GLUE command): rank 1 on every layer, the first token
+    ("loreft", {"loreft_rank": 1, "loreft_positions": "f1", "loreft_layers": "all", "loreft_dropout": 0.05},
+     LOREFT_RECIPE,
+     "LoReFT: h + R^T (W h + b - R h) on every layer's <s>, r = 1 (49,176 at roberta.large, 0.014%)",
+     "Wu et al. 2024 (ReFT) Eq. 2; pyreft's LoreftIntervention", dict(family="bitfit")),
 )  # fmt: skip
 for _name, _preset, _recipe, _description, _source, _capabilities in _BLOCK_METHODS:
     register(

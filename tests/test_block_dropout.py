@@ -42,7 +42,7 @@ SEED = 1234
 ALL_PRESETS = ADAPTER_PRESETS + OTHER_PRESETS
 # the blocks that carry a dropout of their own (the table above: LoRA, lambda, the parallel FFN adapter), and the
 # methods that use one
-BLOCKS_WITH_DROPOUT = {"lora", "inducer", "ffn_adapter"}
+BLOCKS_WITH_DROPOUT = {"lora", "inducer", "ffn_adapter", "loreft"}
 WITH_DROPOUT = {name for name in ALL_PRESETS if set(method_blocks(name)) & BLOCKS_WITH_DROPOUT}
 
 

@@ -254,6 +254,17 @@ def reference_adapter(adapter, h, drop=no_drop, misplace=()):
     return adapter.scale * (drop(hidden, adapter.dropout.p) @ adapter.up.weight.T + adapter.up.bias)
 
 
+def reference_loreft(loreft, h, pad, drop=no_drop, misplace=()):
+    """ReFT Eq. 2 at the first n and last m real tokens of each row (pad: [B, T], True at padding; real tokens
+    first, as here): Dropout(h + R^T (W h + b - R h)) there, h elsewhere; R through its parametrisation."""
+    R, W, b = loreft.R, loreft.source.weight, loreft.source.bias
+    edited = drop(h + (h @ W.T + b - h @ R.T) @ R, loreft.dropout.p)
+    lengths = (~pad).sum(1)  # [B]
+    index = torch.arange(h.shape[0])[:, None]  # [T, 1]
+    chosen = (index < loreft.first) | ((index >= lengths - loreft.last) & (index < lengths))
+    return torch.where(chosen[..., None], edited, h)
+
+
 # The independent formula of every registered block, in the convention of the slot it attaches to
 # (modules/slots.py), by the attribute name of its module in the layer (as the block's ``layer_blocks`` names it):
 #   q, k, v:            f(block, x, y, drop, misplace) -> y, the projection's output (y = W x + b)
@@ -262,10 +273,12 @@ def reference_adapter(adapter, h, drop=no_drop, misplace=()):
 #   after_attention,
 #   after_ffn, ffn:     f(block, h, drop, misplace) -> f(h), added (h + f(h); beside the FFN: out + f(x))
 #   ffn_inner:          f(block, h, drop, misplace) -> h, the FFN's inner activations
+#   layer_output:       f(block, h, pad, drop, misplace) -> h, the layer's output (after its final LayerNorm)
 # each computed from the block's tensors by its paper's equation, never by the block's own forward. A new block
 # adds its equation here (test_every_block_has_an_independent_formula fails until it does; docs/blocks.md).
 FORMULAS = {
     "lora": {"lora_q": reference_projection, "lora_v": reference_projection},
+    "loreft": {"loreft": reference_loreft},
     "ia3": {"ia3_k": reference_scaled_projection, "ia3_v": reference_scaled_projection, "ia3_ff": reference_scale},
     "prefix": {"prefix": reference_prefixes},
     "vera": {"vera_q": reference_vera, "vera_v": reference_vera},
@@ -340,7 +353,7 @@ def reference_layer(layer, x, pad, drop=no_drop, misplace=()):
         out = out + reference_adapter(ffn_adapter, out, drop, misplace)
     if f_par is not None and par_after_ln:
         out = out + f_par
-    return out
+    return others("layer_output", out, lambda t, f, block: f(block, t, pad, drop, misplace))
 
 
 def max_diff(a, b):

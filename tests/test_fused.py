@@ -13,10 +13,10 @@ SHAPE = Shape(layers=2)
 HEAD = "head"
 # a method of each family: prompts (input, deep, decomposed), IDPG (single- and multi-layer), blocks (LoRA and its
 # variants, which read the frozen projection: DoRA's norms, PiSSA's frozen start; VeRA, whose frozen A and B every
-# member shares), BitFit
+# member shares), BitFit, LoReFT (a parametrised R)
 METHODS = [
     "prompt-tuning-5", "p-tuning-v2-5", "dpt", "s-idpg-phm", "m-idpg-phm", "lora", "dora", "pissa", "vera",
-    "prefix-tuning", "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit",
+    "prefix-tuning", "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit", "loreft",
 ]  # fmt: skip
 K = 3
 

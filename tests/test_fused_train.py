@@ -30,6 +30,7 @@ METHODS = {
     "prefix-tuning": [],
     "compacter": [],
     "bitfit": [],
+    "loreft": ["--loreft-dropout", "0"],  # R through its orthogonal parametrisation
 }
 MEMBERS = [("5e-3", "1"), ("1e-2", "2"), ("2e-3", "3")]  # (lr, seed): a sweep's grid
 

@@ -166,4 +166,4 @@ def block_defaults():
 
 # Last, as each block module imports the definitions above. This line's (sorted) order is the registration
 # order of ``BLOCKS``; blocks are built in slot order (``BlockConfig.build_order``), whatever this order.
-from . import adapter, bitfit, ffn_adapter, ia3, inducer, lora, prefix, vera  # noqa: E402, F401  (registers)
+from . import adapter, bitfit, ffn_adapter, ia3, inducer, lora, loreft, prefix, vera  # noqa: E402, F401  (registers)

@@ -9,7 +9,9 @@ classification head excluded. "paper" is the published figure where the paper st
 use_dora=True)`` on roberta-large, no head: tests/test_lora_variants.py builds it and checks the figure);
 PiSSA-initialised LoRA trains LoRA's tensors (its start is all that differs). VeRA's figure is its paper's
 (Table 1, RoBERTa-large: 0.061M) and PEFT's count of ``VeraConfig(r=256, target_modules=["query", "value"])``
-on roberta-large, no head (tests/test_vera.py builds it): 61,440, 2 x 24 x (r + d).
+on roberta-large, no head (tests/test_vera.py builds it): 61,440, 2 x 24 x (r + d). LoReFT's figure is
+r (2 d + 1) per layer, 49,176 at roberta.large: ReFT Table 4's 0.014% of RoBERTa-large's 355,359,744
+(tests/test_loreft.py).
 """
 
 from fairseq.data import Dictionary
@@ -96,6 +98,9 @@ def baseline_rows():
         # output.dense (feedforward) counts the same 55,296 (blocks/ia3.py)
         ("(IA)^3 k, v, ff (base)", count("ia3", "roberta-base"), 12 * (768 + 768 + 3072)),
         ("(IA)^3 k, v, ff (large)", count("ia3", "roberta-large"), 24 * (1024 + 1024 + 4096)),
+        # r (2 d + 1) per layer: R and W [r, d], b [r] (blocks/loreft.py); ReFT Table 4: 0.015% and 0.014%
+        ("LoReFT r=1, all layers, f1 (base)", count("loreft", "roberta-base"), 12 * (2 * 768 + 1)),
+        ("LoReFT r=1, all layers, f1 (large)", count("loreft", "roberta-large"), 24 * (2 * 1024 + 1)),
     ]
     return rows
 

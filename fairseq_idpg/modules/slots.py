@@ -21,6 +21,8 @@ block attaches where is data declared by the block (``fairseq_idpg/blocks/``).
 | ``ffn_inner``      | layer     | ``h = block(h)``: the FFN's inner activations [T, B, d_ffn], after    |
 |                    |           | the activation and its dropout, before fc2 ((IA)^3)                   |
 | ``after_ffn``      | layer     | ``h = h + block(h)``: after the FFN and its dropout (sequential)      |
+| ``layer_output``   | layer     | ``h = block(h, padding_mask)``: the layer's output [T, B, d], after   |
+|                    |           | its final LayerNorm; [B, T] mask, True at padding (LoReFT)            |
 
 A block attached with a ``name`` is a submodule under that name (its tensors train and are saved as
 ``<host>.<name>.*``, e.g. ``...self_attn.lora_q.A``); one attached with ``owned=False`` belongs to
@@ -28,10 +30,12 @@ another module (the model's shared prefix encoder) and is only referenced.
 """
 
 ATTENTION_SLOTS = ("keys_values", "attention_output", "q", "k", "v")
-LAYER_SLOTS = ("after_attention", "ffn", "ffn_inner", "after_ffn")
+LAYER_SLOTS = ("after_attention", "ffn", "ffn_inner", "after_ffn", "layer_output")
 # the order blocks are built in, layer by layer (what fixes their random initialisation): the order
 # of the first slot each block attaches to; "biases" (BitFit) trains backbone tensors, no module
-SLOT_ORDER = ("keys_values", "attention_output", "q", "k", "v", "after_attention", "after_ffn", "ffn", "ffn_inner")
+SLOT_ORDER = (
+    "keys_values", "attention_output", "q", "k", "v", "after_attention", "after_ffn", "ffn", "ffn_inner", "layer_output"
+)  # fmt: skip
 SLOTS = (*SLOT_ORDER, "biases")
 
 

@@ -1,6 +1,6 @@
 """``AdaptedEncoderLayer``: fairseq's encoder layer with slots for trained blocks (``modules/slots.py``).
 
-Four slots; the adapters attached there compute f ([..., d] -> [..., d]: a
+Five slots; the adapters attached there compute f ([..., d] -> [..., d]: a
 ``bottleneck.BottleneckAdapter`` or a ``compacter.CompacterAdapter``):
 
 - ``after_attention`` (sequential, Houlsby et al. 2019 / Compacter): after the attention
@@ -11,7 +11,9 @@ Four slots; the adapters attached there compute f ([..., d] -> [..., d]: a
   beside the FFN, from the FFN's input x: ``LN(x + Dropout(FFN(x)) + f(x))`` (f carries its
   scale s);
 - ``ffn_inner``: a map g of the FFN's inner activations, ``fc2(g(Dropout(act(fc1 x))))`` ((IA)^3's
-  elementwise scale; dropout commutes with it).
+  elementwise scale; dropout commutes with it);
+- ``layer_output``: a map of the layer's output at chosen positions, ``h <- g(h, padding_mask)`` after
+  the final LayerNorm (LoReFT, ``blocks/loreft.py``).
 
 ``AdaptedEncoderLayer.convert(layer)`` turns a fairseq ``TransformerEncoderLayerBase`` into this
 class in place, so its frozen submodules keep their objects and names; ``attach(slot, name, block)``
@@ -81,6 +83,8 @@ class AdaptedEncoderLayer(Slots, TransformerEncoderLayerBase):
         x = self.residual_connection(x, residual)
         if not self.normalize_before:
             x = self.final_layer_norm(x)
+        for block in self.attached("layer_output"):
+            x = block(x, encoder_padding_mask)
 
         if self.return_fc and not torch.jit.is_scripting():
             return x, fc_result
