@@ -421,7 +421,8 @@ def ours(name, shape, layers=None, dtype=torch.bfloat16, seed=0, **options):
     tokens, _ = tiny_batch(shape)
     extra = {}
     if method.arch == "roberta_idpg":
-        model.attach_sentence_cache(0, {"split": "train", "synthetic": True}, range(shape.batch))
+        rows = [{"net_input.src_tokens": row} for row in tokens]  # what GloVe's M(x) reads; the cache its count
+        model.attach_sentence_cache(0, {"split": "train", "synthetic": True}, rows)
         extra["sentence_ids"] = torch.arange(shape.batch)  # slot 0, rows 0..B-1
     return model, lambda: model(tokens, classification_head_name="head", **extra)[0]
 

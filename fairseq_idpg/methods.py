@@ -159,9 +159,26 @@ class Method:
             return ()
         from fairseq_idpg.blocks import blocks_turned_on
 
-        preset = self.options["blocks_preset"]
-        settings = self.preset if preset == self.name else METHODS[preset].preset
-        return tuple(blocks_turned_on({**settings, **self.options}))
+        return tuple(blocks_turned_on({**self._preset_settings(), **self.options}))
+
+    @property
+    def parts(self) -> Tuple[str, ...]:
+        """What this record builds on the frozen backbone, by the names its architecture's registries give them:
+        its blocks (``roberta_blocks``), its ``--prompt-matrix`` and depth (``roberta_prompt``), its generator
+        kind and input (``roberta_idpg``). A test that runs one record of each part covers a new block as soon as
+        a record uses it."""
+        if self.arch == "roberta_blocks":
+            return self.blocks
+        settings = {**self._preset_settings(), **self.options}
+        keys = {"roberta_prompt": ("prompt_matrix", "prompt_deep"), "roberta_idpg": ("idpg_generator", "idpg_input")}
+        return tuple(f"{key}={settings[key]}" for key in keys.get(self.arch, ()) if key in settings)
+
+    def _preset_settings(self) -> Mapping[str, Any]:
+        """The settings of the preset the record's options name (its own, or another record's); {} for none."""
+        preset = next((v for k, v in self.options.items() if k.endswith("_preset")), None)
+        if preset is None:
+            return {}
+        return self.preset if preset == self.name else METHODS[preset].preset
 
 
 def option_args(options: Mapping[str, Any]) -> List[str]:

@@ -266,17 +266,22 @@ def method_files(tmp_path_factory, tiny4):
     return {"idpg_glove_vectors": str(glove), "idpg_cache": "memory"}
 
 
-def build_record(method, backbone, files, seed):
-    """``build_tiny`` of a method record, with the ``files`` its model class takes, after ``manual_seed(seed)``."""
+def files_taken(method, files):
+    """The entries of ``files`` (``method_files``: option name -> value) that a method record's model class takes."""
     import argparse
-
-    import torch
 
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
     method.model_class.add_args(parser)
     known = {action.dest for action in parser._actions}
+    return {k: v for k, v in files.items() if k in known}
+
+
+def build_record(method, backbone, files, seed):
+    """``build_tiny`` of a method record, with the ``files`` its model class takes, after ``manual_seed(seed)``."""
+    import torch
+
     torch.manual_seed(seed)
-    return build_tiny(backbone, method, **{k: v for k, v in files.items() if k in known})
+    return build_tiny(backbone, method, **files_taken(method, files))
 
 
 def tiny_sst2(tmp_path, tiny):

@@ -1,23 +1,24 @@
 """Members of a method stacked on one frozen backbone (fairseq_idpg/fused): each member computes what it computes
-alone, for a method of every family, and the launches of a fused forward and backward do not grow with K."""
+alone, for every method record that can share a backbone (a new one is covered by its record), and the launches of a
+fused forward and backward do not grow with K."""
 
 import pytest
 import torch
+from conftest import files_taken
 from torch.func import functional_call
 
 from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.fused import StackedMembers
 from fairseq_idpg.launches import Shape, count_launches, ours, tiny_batch
+from fairseq_idpg.methods import get_method, methods_where
 
 SHAPE = Shape(layers=2)
+DEEP = Shape(layers=4)  # every record's layer-wise options fit (M-IDPG's rank-2 layer biases need L - 1 > 2)
 HEAD = "head"
-# a method of each family: prompts (input, deep, decomposed), IDPG (single- and multi-layer), blocks (LoRA and its
-# variants, which read the frozen projection: DoRA's norms, PiSSA's frozen start; VeRA, whose frozen A and B every
-# member shares), BitFit, LoReFT (a parametrised R)
-METHODS = [
-    "prompt-tuning-5", "p-tuning-v2-5", "dpt", "s-idpg-phm", "m-idpg-phm", "lora", "dora", "pissa", "vera",
-    "prefix-tuning", "houlsby-adapter", "compacter", "inducer", "ia3", "bitfit", "loreft",
-]  # fmt: skip
+# every record that can share a backbone (its own data: ``frozen_backbone``), so a new block or method is covered by
+# its record; the others (fine-tuning, EFL: the backbone trains) are refused
+SHARING = methods_where(frozen_backbone=True)
+ALONE = methods_where(frozen_backbone=False)
 K = 3
 
 
@@ -50,10 +51,11 @@ def without_dropout(model):
     return model.train()
 
 
-@pytest.mark.parametrize("name", METHODS + ["s-idpg-phm-shared-a"])
-def test_each_member_computes_what_it_computes_alone(name):
+@pytest.mark.parametrize("name", SHARING + ["s-idpg-phm-shared-a"])
+def test_each_member_computes_what_it_computes_alone(name, method_files):
+    record = name.replace("-shared-a", "")
     options = {"idpg_phm_a_sets": 1} if name == "s-idpg-phm-shared-a" else {}
-    model, _ = ours(name.replace("-shared-a", ""), SHAPE, dtype=torch.float32, **options)
+    model, _ = ours(record, DEEP, dtype=torch.float32, **files_taken(get_method(record), method_files), **options)
     without_dropout(model)
     members = members_of(model, K)
     stacked = StackedMembers(model, members=members)
@@ -94,8 +96,9 @@ def test_dropout_differs_between_members_in_training():
     assert not torch.equal(out[0], out[1])  # the same tensors and rows: only dropout tells them apart
 
 
-def test_fine_tuning_cannot_share_a_backbone():
-    model, _ = ours("finetune", SHAPE, dtype=torch.float32)
+@pytest.mark.parametrize("name", ALONE)
+def test_fine_tuning_cannot_share_a_backbone(name):
+    model, _ = ours(name, SHAPE, dtype=torch.float32)
     with pytest.raises(ConfigError, match="every tensor trains .fine-tuning., so its runs cannot share"):
         StackedMembers(model, k=2)
 

@@ -1,6 +1,7 @@
-"""Runs trained together on one backbone (``python -m fairseq_idpg.fused.train``) end with what each trains to
-alone with fairseq-train: the same trained tensors (float tolerance) and the same validations, for a method of
-each family, with dropout off (tiny random backbone, 40 made-up sentences, 12 updates each)."""
+"""Runs trained together on one backbone (``python -m fairseq_idpg.fused.train``) end with what each trains to alone
+with fairseq-train: the same trained tensors (float tolerance) and the same validations, for a record of each part
+the records are built of (``METHODS``: a new block's record is trained here), with dropout off (tiny random
+backbone, 40 made-up sentences, 12 updates each)."""
 
 import contextlib
 import json
@@ -14,24 +15,27 @@ from checkpoint_support import fairseq_train
 from conftest import REPO, tiny_sst2
 
 from fairseq_idpg.fused.train import LOG_FORMAT, member_configs, split_members, train_group
-from fairseq_idpg.methods import get_method
+from fairseq_idpg.methods import get_method, methods_where
 
-# a method of each family, with its own dropout off (the fused members draw their own masks)
-METHODS = {
-    "prompt-tuning-5": [],
-    "m-idpg-phm": ["--idpg-dropout", "0", "--idpg-cache", "memory"],
-    "dpt": [],
-    "lora": ["--lora-dropout", "0"],
-    # LoRA's variants: DoRA reads the frozen projection (its norms) in the forward; PiSSA from its frozen start
-    "dora": ["--lora-dropout", "0"],
-    "pissa": ["--lora-dropout", "0"],
-    # VeRA: its frozen A and B shared by every member; the head at its own lr (the record's recipe)
-    "vera": [],
-    "prefix-tuning": [],
-    "compacter": [],
-    "bitfit": [],
-    "loreft": ["--loreft-dropout", "0"],  # R through its orthogonal parametrisation
-}
+# every record that can share a backbone (``frozen_backbone``) that is the first to use one of the parts the records
+# are built of (``Method.parts``: a block, a prompt matrix, a generator kind or input), so a record using a new block
+# is trained here; and these variants of a part, for what they do beyond it: M-IDPG's layer-wise generators, LoRA's
+# variants (DoRA reads the frozen projection, its norms, in the forward; PiSSA starts from the frozen weights),
+# Compacter's factored adapters
+VARIANTS = ("m-idpg-phm", "lora", "dora", "pissa", "compacter")
+
+
+def one_per_part():
+    chosen, covered = [], set()
+    for name in methods_where(frozen_backbone=True):
+        parts = set(get_method(name).parts)
+        if parts - covered or name in VARIANTS:
+            chosen.append(name)
+            covered |= parts
+    return chosen
+
+
+METHODS = one_per_part()
 MEMBERS = [("5e-3", "1"), ("1e-2", "2"), ("2e-3", "3")]  # (lr, seed): a sweep's grid
 
 
@@ -40,13 +44,37 @@ def tiny_data(tmp_path_factory, tiny):
     return tiny_sst2(tmp_path_factory.mktemp("fused-data"), tiny)
 
 
-def shared_args(name, data, dims, backbone):
+def own_dropout_off(name, files):
+    """The record's own dropout options at 0 (the fused members draw their own masks), IDPG's M(x) cache in memory,
+    and the ``files`` (``method_files``: GloVe's vectors) its model takes."""
+    import argparse
+
+    from fairseq.models.roberta import RobertaModel
+
+    def parser(model_class):
+        p = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+        model_class.add_args(p)
+        return p
+
+    roberta = {action.dest for action in parser(RobertaModel)._actions}  # its dropouts: given in shared_args
+    flags = []
+    for action in parser(get_method(name).model_class)._actions:
+        if action.dest in roberta:
+            continue
+        if "dropout" in action.dest and action.type is float:
+            flags += [action.option_strings[0], "0"]
+        elif action.dest in files:
+            flags += [action.option_strings[0], files[action.dest]]
+    return flags
+
+
+def shared_args(name, data, dims, backbone, files=None):
     """The fairseq-train flags every member shares: run.sh's recipe shape at a smoke budget, dropout off."""
     return [
         str(data), "--user-dir", str(REPO / "fairseq_idpg"), *get_method(name).train_args(), *dims,
         "--backbone", str(backbone), "--criterion", "sentence_prediction_metrics", "--num-classes", "2",
         "--init-token", "0", "--separator-token", "2", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-        "--dropout", "0", "--attention-dropout", "0", *METHODS.get(name, []),
+        "--dropout", "0", "--attention-dropout", "0", *own_dropout_off(name, files or {"idpg_cache": "memory"}),
         "--batch-size", "8", "--max-update", "12", "--lr-scheduler", "polynomial_decay", "--total-num-update", "12",
         "--warmup-updates", "2", "--clip-norm", "1.0", "--best-checkpoint-metric", "accuracy",
         "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints", "--validate-interval-updates", "6",
@@ -84,9 +112,9 @@ def validations(save):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", METHODS)
-def test_fused_members_end_as_they_end_alone(name, tiny, tiny_data, tmp_path):
+def test_fused_members_end_as_they_end_alone(name, tiny, tiny_data, method_files, tmp_path):
     data, dims = tiny_data
-    shared = shared_args(name, data, dims, tiny.model_file)
+    shared = shared_args(name, data, dims, tiny.model_file, method_files)
     members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / "fused" / seed)] for lr, seed in MEMBERS]
     for lr, seed in MEMBERS:
         save = tmp_path / "alone" / seed

@@ -191,24 +191,29 @@ args: [--total-batch, 8, --validate-interval-updates, 20]
 """
 
 
-@pytest.mark.slow
-def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(sst2, standin_model, tmp_path):
-    """kill -9 of a sweep training a group (one process for two runs) once both saved update 20: the same
-    command resumes each member from its own checkpoint and ends with the record and trained tensors of the
-    same runs trained together without interruption (the sweep's second group)."""
-    raw, _ = sst2
-    spec = tmp_path / "killed-fused.yaml"
+def fused_sweep(raw, work):
+    """``sweep(log)``: starts a local sweep of FUSED (--fuse 2, one slot) in ``work``, its output in ``log``."""
+    spec = work / "killed-fused.yaml"
     spec.write_text(FUSED)
-    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path), "--fuse", "2"]
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(work), "--fuse", "2"]
     cmd += ["--jobs", "1", "--threads", "1"]
     env = {**os.environ, "GLUE_DIR": str(raw.parent)}
 
     def sweep(log):
         return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
 
+    return sweep
+
+
+@pytest.mark.slow
+def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(sst2, standin_model, tmp_path):
+    """kill -9 of a sweep training a group (one process for two runs) once both saved update 20: the same
+    command resumes each member from its own checkpoint and ends with the record and trained tensors of the
+    same runs trained together without interruption (the sweep's second group)."""
+    sweep = fused_sweep(sst2[0], tmp_path)
     killed = sweep(tmp_path / "killed.out")
     family = kill_after_first_checkpoint(killed, "checkpoints/standin/SST-2/lora/*", tmp_path, update=20, runs=2)
-    assert len(family) >= 2  # the slot's group and its trainer
+    assert len(family) == 1, family  # the slot's group, which trains its members itself: one process from the sweep
     out = finish(sweep(tmp_path / "resumed.out"), tmp_path / "resumed.out")
     assert "[sweep killed-fused] 4/4 done" in out, out[-3000:]
     runs = list((tmp_path / "checkpoints" / "standin" / "SST-2" / "lora").iterdir())  # the label names no folder
@@ -222,3 +227,47 @@ def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(s
         (reference,) = (f for f in again if f.name.rsplit(".", 1)[0] == folder.name.rsplit(".", 1)[0])
         assert json.loads((folder / "results.json").read_text())["fused_with"]
         assert_same_run(folder, reference, updates=40, points={20, 40})
+
+
+@pytest.mark.slow
+def test_a_fused_sweep_stops_its_group_within_10_s_of_a_sigterm_and_the_rerun_resumes_every_member(
+    sst2, standin_model, tmp_path
+):
+    """SIGTERM to a sweep training a group (as a scheduler or ``kill`` sends it), once both members saved update
+    20: the sweep and every process under it end within 10 s (the group's members are threads of its one process,
+    stopped where they are, no member's fairseq-validate started), exit 130; the same command resumes each member
+    from its own checkpoint_last.pt at update 20 and records all four runs."""
+    sweep = fused_sweep(sst2[0], tmp_path)
+    stopped = sweep(tmp_path / "stopped.out")
+    saved = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ 20 updates")
+    deadline, family = time.time() + 600, []
+    while stopped.poll() is None and time.time() < deadline:
+        logs = list(tmp_path.glob("checkpoints/standin/SST-2/lora/*/train.log"))
+        if sum(bool(saved.search(log.read_text())) for log in logs) >= 2:
+            family = descendants(stopped.pid)
+            break
+        time.sleep(0.2)
+    assert family, f"no group saved update 20 (exit {stopped.poll()})"
+    try:
+        sent = time.time()
+        stopped.send_signal(signal.SIGTERM)
+        code = stopped.wait(timeout=30)
+        while any(map(alive, family)) and time.time() < sent + 30:
+            time.sleep(0.1)
+        took = time.time() - sent
+    finally:
+        for p in filter(alive, family):
+            os.kill(p, signal.SIGKILL)
+    assert code == 130 and took <= 10, (code, took, (tmp_path / "stopped.out").read_text()[-3000:])
+    said = "".join(log.read_text() for log in (tmp_path / "sweeps" / "killed-fused" / "logs").glob("*.log"))
+    assert "run.sh: error: interrupted" in said and "fairseq-validate" not in said, said[-3000:]  # the group's line
+    out = finish(sweep(tmp_path / "resumed.out"), tmp_path / "resumed.out")
+    assert "[sweep killed-fused] 4/4 done" in out, out[-3000:]
+    runs = list((tmp_path / "checkpoints" / "standin" / "SST-2" / "lora").iterdir())
+    stopped_runs = [f for f in runs if (f / "train.log").read_text().count("# trained together with: ") == 2]
+    assert len(stopped_runs) == 2, [f.name for f in runs]
+    for folder in stopped_runs:
+        log = (folder / "train.log").read_text()
+        loaded = re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", log)
+        assert loaded == ["20"], (folder.name, loaded)
+        assert json.loads((folder / "results.json").read_text())["fused_with"]

@@ -1,9 +1,9 @@
 """One frozen backbone serving every attached task at once (fairseq_idpg/hub): a batch mixing rows of a task of
 every method family (prompt tuning, DPT, IDPG, LoRA and its variants, VeRA, prefix tuning, an adapter, BitFit,
-inducer, (IA)^3), with padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its
-task's own fairseq model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently:
-1e-5).
-The runs are built from tiny models (tests/multitask_support.py), not trained."""
+inducer, (IA)^3) and of every other record that can share a backbone (a new method is served here by its record),
+with padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its task's own fairseq
+model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently: 1e-5). The runs are
+built from tiny models (tests/multitask_support.py), not trained."""
 
 import pytest
 import torch
@@ -13,15 +13,23 @@ from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.hub import MultiTaskModel
 from fairseq_idpg.hub.attached import HEAD, frozen_tensors
 from fairseq_idpg.hub.packing import pack
+from fairseq_idpg.methods import methods_where
 
 # task name -> (method record, data); tasks of one method on data with other class counts share a pass
-TASKS = {
+SCENARIO = {
     "pt-sst2": ("prompt-tuning-5", "sst2"), "pt-rte": ("prompt-tuning-5", "rte"), "dpt-mnli": ("dpt", "mnli"),
     "idpg-sst2": ("m-idpg-phm", "sst2"), "idpg-mnli": ("m-idpg-phm", "mnli"), "lora-sst2": ("lora", "sst2"),
     "lora-rte": ("lora", "rte"), "lora-stsb": ("lora", "stsb"), "prefix-rte": ("prefix-tuning", "rte"),
     "adapter-sst2": ("houlsby-adapter", "sst2"), "bitfit-mnli": ("bitfit", "mnli"), "inducer-sst2": ("inducer", "sst2"),
     "ia3-rte": ("ia3", "rte"), "dora-sst2": ("dora", "sst2"), "dora-rte": ("dora", "rte"),
     "pissa-mnli": ("pissa", "mnli"), "vera-sst2": ("vera", "sst2"), "vera-rte": ("vera", "rte"),
+}  # fmt: skip
+# and a task of every other record that can share a backbone (``frozen_backbone``: its own data), so that a new block
+# or method is served here by its record
+TASKS = {
+    **SCENARIO,
+    **{f"{name}-sst2": (name, "sst2") for name in methods_where(frozen_backbone=True)
+       if name not in {m for m, _ in SCENARIO.values()}},
 }  # fmt: skip
 SINGLES = ["a gripping , funny and moving film .", "the plot is thin .", "it 's fine .", "one of the year 's best ."]
 PAIRS = [
@@ -33,9 +41,10 @@ pytestmark = pytest.mark.xdist_group("multitask")  # one worker builds the runs 
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny4):
+def runs(tmp_path_factory, tiny4, method_files):
     """({task: run folder}, the tiny backbone) of TASKS, each with its own seed."""
-    folders = write_runs(tmp_path_factory.mktemp("multitask"), tiny4, TASKS)
+    glove = {"idpg_glove_vectors": method_files["idpg_glove_vectors"]}
+    folders = write_runs(tmp_path_factory.mktemp("multitask"), tiny4, TASKS, glove)
     return folders, tiny4
 
 
@@ -74,7 +83,11 @@ def test_a_mixed_batch_of_every_family_equals_each_tasks_own_model(runs):
     mt = multitask(backbone, folders)
     names, texts = mixed_rows()
     got = mt.logits(names, texts)
-    assert mt.passes(names) == 12  # one per method configuration: 18 tasks of 12 methods
+every method family (prompt tuning, DPT, IDPG, LoRA and its variants, VeRA, prefix tuning, an adapter, BitFit,
+inducer, (IA)^3) and of every other record that can share a backbone (a new method is served here by its record),
+with padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its task's own fairseq
+model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently: 1e-5). The runs are
+built from tiny models (tests/multitask_support.py), not trained."""
     own = {}
     with torch.no_grad():
         for name, text, logits in zip(names, texts, got, strict=True):
@@ -101,9 +114,11 @@ def test_predictions_name_the_tasks_labels(runs):
 
 def test_one_backbone_in_memory_and_groups_by_method(runs):
     folders, backbone = runs
-    mt = multitask(backbone, folders)
-    # the two dora tasks: one group; the two vera tasks too (the same seed: the same frozen A and B)
-    assert [len(g.tasks) for g in mt.groups] == [2, 1, 2, 3, 1, 1, 1, 1, 1, 2, 1, 2]
+every method family (prompt tuning, DPT, IDPG, LoRA and its variants, VeRA, prefix tuning, an adapter, BitFit,
+inducer, (IA)^3) and of every other record that can share a backbone (a new method is served here by its record),
+with padding, sentence pairs, 2- and 3-class and regression heads, gives each row the logits its task's own fairseq
+model (fairseq's hub) computes alone, to float rounding (vmap batches the matmuls differently: 1e-5). The runs are
+built from tiny models (tests/multitask_support.py), not trained."""
     first = {n: t.data_ptr() for n, t in frozen_tensors(mt.groups[0].template).items()}
     for group in mt.groups[1:]:
         shared = {n: t.data_ptr() for n, t in frozen_tensors(group.template).items()}

@@ -44,7 +44,7 @@ def test_a_stop_while_a_member_is_scored_scores_no_other(members, monkeypatch, c
     monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request: None)
     monkeypatch.setattr("fairseq_idpg.run.planning.plan", lambda request, m: plans[0])
     monkeypatch.setattr(group, "trains_alone", lambda p: None)
-    monkeypatch.setattr(group, "fused_command", lambda plans: [])
+    monkeypatch.setattr(group, "member_flags", lambda plans: ([], []))
     capsys.readouterr()
     assert group.main([]) == 130
     assert capsys.readouterr().err.splitlines() == [f"run.sh: error: {stop}"]

@@ -329,25 +329,46 @@ def _train_together(cfgs, count, round_starts):
     logs = _MemberLogs([Path(cfg.checkpoint.save_dir) / "train.log" for cfg in cfgs])
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    # the members log what fairseq-train logs in a process of its own, where a launcher quieted these (run.group)
+    quieted = {name: logging.getLogger(name).level for name in ("fairseq", "fairseq_idpg")}
     outcome = {}
     try:
+        for name in quieted:
+            logging.getLogger(name).setLevel(logging.NOTSET)
         root.handlers = [logs]
         root.setLevel(logging.INFO)  # (setLevel, not .level =: it clears the loggers' cached levels)
         with mock.patch("fairseq_cli.train.Trainer", _patch_trainer(group, logs)):
             threads = [
-                threading.Thread(target=_run_member, args=(group, i, cfg, logs, outcome), name=f"member-{i}")
+                # daemon: a stopped group (Ctrl-C, SIGTERM: KeyboardInterrupt in the main thread) exits without
+                # waiting for its members' turns; their checkpoints are written atomically, so each resumes
+                threading.Thread(
+                    target=_run_member, args=(group, i, cfg, logs, outcome), name=f"member-{i}", daemon=True
+                )
                 for i, cfg in enumerate(cfgs)
             ]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-    finally:
-        group.close()
-        root.handlers = handlers
-        root.setLevel(level)
-        logs.close()
+    except KeyboardInterrupt:
+        # stopped (Ctrl-C, or the SIGTERM run.group makes one): the members are daemon threads that end with the
+        # process, still logging meanwhile, so nothing of theirs is closed under them
+        raise
+    except BaseException:
+        _close(group, logs, handlers, level, quieted)
+        raise
+    _close(group, logs, handlers, level, quieted)
     return outcome
+
+
+def _close(group, logs, handlers, level, quieted):
+    group.close()
+    root = logging.getLogger()
+    root.handlers = handlers
+    root.setLevel(level)
+    for name, was in quieted.items():
+        logging.getLogger(name).setLevel(was)
+    logs.close()
 
 
 def main(argv=None):
@@ -356,19 +377,28 @@ def main(argv=None):
         print(f"usage: {PROG} DATA [fairseq-train flags] --member '--lr LR --seed SEED --save-dir DIR' [--member ...]")
         print("\n" + __doc__)
         return 0
-    start = time.time()
     try:
         shared, members = split_members(argv)
-        cfgs = member_configs(shared, members)
+        outcome = run_members(shared, members)
     except ConfigError as e:
         return refuse(PROG, e)
-    print(f"fused: {len(members)} runs on one backbone", flush=True)
+    return 0 if all(line is None for line in outcome.values()) else 1
+
+
+def run_members(shared, members, say=None):
+    """Train the members (``split_members``' output: each ``[--lr X --seed Y --save-dir Z]``) together, saying the
+    group's progress and one line per member at the end (``say``: print); {member index: None or its failure's line}.
+    Raises ConfigError, before anything trains, for flags fairseq refuses."""
+    say = say or (lambda line: print(line, flush=True))
+    start = time.time()
+    cfgs = member_configs(shared, members)
+    say(f"fused: {len(members)} runs on one backbone")
     limit_malloc_arenas()
     outcome = train_configs(cfgs)
     for i, own in enumerate(members):
-        print(f"  {own[-1]}: {'finished' if outcome.get(i) is None else outcome[i]}", flush=True)
-    print(f"fused: {len(members)} runs in {time.time() - start:.1f} s", flush=True)
-    return 0 if all(outcome.get(i) is None for i in range(len(members))) else 1
+        say(f"  {own[-1]}: {'finished' if outcome.get(i) is None else outcome[i]}")
+    say(f"fused: {len(members)} runs in {time.time() - start:.1f} s")
+    return {i: outcome.get(i) for i in range(len(members))}
 
 
 if __name__ == "__main__":

@@ -38,17 +38,17 @@ def write_data(folder, dictionary, labels=None, pair=False, name="SST-2"):
     return folder
 
 
-def write_run(save, method, data, backbone, seed, sizes, vocab, noise=0.1):
+def write_run(save, method, data, backbone, seed, sizes, vocab, noise=0.1, model_options=None):
     """A run folder ``save`` with checkpoint_best.pt of method record ``method`` on ``data`` and ``backbone``
     (its encoder ``sizes``: encoder_layers, ...; ``vocab``: its WordPiece vocab.txt), its trained tensors their
-    initialisation plus ``noise`` x N(0, 1) (seeded)."""
+    initialisation plus ``noise`` x N(0, 1) (seeded). ``model_options``: more model options by name (GloVe's file)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
     info = TaskInfo.read(data)
     argv = [str(data), "--user-dir", str(USER_DIR), *get_method(method).train_args()]
-    argv += [f"--{k.replace('_', '-')}={v}" for k, v in sizes.items()]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in {**sizes, **(model_options or {})}.items()]
     argv += ["--backbone", os.fspath(backbone)] if get_method(method).frozen_backbone else []
     argv += ["--criterion", "sentence_prediction_metrics", "--cpu"]
     argv += ["--num-classes", str(info.num_outputs), "--init-token", "0", "--separator-token", "2"]

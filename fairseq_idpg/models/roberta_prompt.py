@@ -238,6 +238,8 @@ class RobertaPromptModel(PromptedRobertaModel):
         return P[0], lambda layer, x: P[layer]  # P [L, l, d]: P[k] is added after layer k
 
     def log_prompt_metrics(self):
+        if torch._C._functorch.get_interpreter_stack() is not None:
+            return  # tasks served together under vmap (the hub): no one rank to log, and no .item() there
         if not self.training and isinstance(self.prompt, RankProbePrompt):
             # lands in the active validation aggregator of fairseq-train; the value is the same
             # for every batch of a validation, so the weighted average is that value exactly

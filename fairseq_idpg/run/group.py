@@ -4,19 +4,22 @@
                                      --member "SST-2 --method lora --lr 5e-4 --seed 2"
 
 Each ``--member`` is a ``scripts/run.sh`` command line. Members that differ only in ``--lr`` and ``--seed`` (the
-same method, task, data, model, budget, batch and flags) train in one process (``python -m
-fairseq_idpg.fused.train``: one forward and backward through the backbone per update for all of them); each
+same method, task, data, model, budget, batch and flags) train in this process (``fused.train.run_members``, what
+``python -m fairseq_idpg.fused.train`` runs, with the flags the members' plans made: one forward and backward
+through the backbone per update for all of them; a sweep's group is one process start); each
 keeps everything a lone run has: its run folder (the same name and hash as alone), its config.json, its
 train.log (fairseq-train's lines, as alone), its checkpoints, its fairseq-validate scores and its results.json,
 which also names the runs it trained with (``fused_with``). A finished member is reported as cached; an
 interrupted group resumes every member from its own checkpoint_last.pt; a member that diverges or fails stops
 alone (its record or its error says so) while the others finish. The group's own output (its progress) is
-in the first member's folder as ``fused.log``.
+in the first member's folder as ``fused.log``. Ctrl-C or SIGTERM stops the group where it is (the members'
+threads end with the process; their checkpoints are written atomically), one line, exit 130.
 """
 
 import argparse
 import contextlib
 import shlex
+import signal
 import sys
 import time
 
@@ -31,7 +34,7 @@ from fairseq_idpg.run.execution import (
     show_cached,
     trained_before,
 )
-from fairseq_idpg.run.processes import ONE_LINE_ERROR, Refused, tee
+from fairseq_idpg.run.processes import ONE_LINE_ERROR, Refused
 from fairseq_idpg.run.record import read_run_folder, write_json, write_record
 
 
@@ -65,8 +68,9 @@ def fusion_key(p):
     return tuple(split_own(fairseq_train_args(p))[0])
 
 
-def fused_command(plans):
-    """``python -m fairseq_idpg.fused.train`` for the plans; runs that differ in more than lr and seed: one line."""
+def member_flags(plans):
+    """(the fairseq-train flags the plans share, each plan's ``[--lr X --seed Y --save-dir Z]``): what
+    ``fused.train.run_members`` trains; runs that differ in more than lr and seed: one line."""
     shared, members = None, []
     for p in plans:
         rest, own = split_own(fairseq_train_args(p))
@@ -78,8 +82,8 @@ def fused_command(plans):
                 f"{p.folder.name} and {plans[0].folder.name} differ in more than --lr and --seed "
                 f"({' '.join(differ)}): they cannot train together"
             )
-        members += ["--member", shlex.join(own)]
-    return [sys.executable, "-m", "fairseq_idpg.fused.train", *shared, *members]
+        members.append(own)
+    return shared, members
 
 
 def execute_group(plans):
@@ -122,16 +126,45 @@ def _train(training):
         with open(p.folder / "train.log", "a", encoding="utf-8") as f:
             f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} scripts/run.sh {shlex.join(p.argv)}\n")
             f.write(f"# trained together with: {names}\n")
-    cmd = fused_command(plans)
-    try:
-        seconds, _ = tee(cmd, plans[0].folder / "fused.log", hold=[lock for _, lock in training])
-    except RunError as e:
-        if interrupted(e):
-            raise
-        seconds = None  # a member failed: each is judged by its own log below
-    for p in plans:
-        if seconds is not None:
-            p.timings["train"] = round(seconds, 1)  # the group's: every member's training at once
+    # trained in this process (its threads: fused/train.py), not a second one: torch and fairseq load here only
+    from fairseq_idpg.fused.train import PROG, run_members
+
+    shared, members = member_flags(plans)
+    start = time.time()
+    with open(plans[0].folder / "fused.log", "a", encoding="utf-8") as log:
+
+        def say(line):
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()
+
+        say("+ " + shlex.join([PROG, *shared, *(x for own in members for x in ("--member", shlex.join(own)))]))
+        previous = signal.signal(signal.SIGTERM, _stop)  # as Ctrl-C: the group stops at once, resumable
+        try:
+            outcome = run_members(shared, members, say)
+        except KeyboardInterrupt:
+            raise RunError(f"interrupted; {log.name} and each run's train.log keep the output; the same command "
+                           "resumes every run") from None  # fmt: skip
+        except ConfigError as e:  # fairseq refused the flags: each member is judged by its own log below
+            say(f"{PROG}: error: {' '.join(str(e).split())}")
+            return
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    _release_device_memory()  # for the members' fairseq-validate, on the same device
+    if all(line is None for line in outcome.values()):
+        for p in plans:
+            p.timings["train"] = round(time.time() - start, 1)  # the group's: every member's training at once
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _release_device_memory():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _finish(p, lock, fused_with):
@@ -176,7 +209,7 @@ def main(argv=None):
         alone = next((why for why in map(trains_alone, plans) if why is not None), None)
         if alone is not None:
             raise ConfigError(f"--method {requests[0].method}: its runs train alone ({alone})")
-        fused_command(plans)  # members that differ in more than lr and seed: refused before anything runs
+        member_flags(plans)  # members that differ in more than lr and seed: refused before anything runs
     except (ConfigError, RunError) as e:
         print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
