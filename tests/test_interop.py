@@ -89,8 +89,8 @@ def test_lora_on_the_standin_loads_into_the_original_bert(tmp_path, standin_mode
         ("prompt-tuning-5", "before <s>"),
         ("p-tuning-v2-5", "static key/value prefixes"),
         ("prefix-tuning", "positions from l"),
-        ("houlsby-adapter", "PEFT holds LoRA here"),
-        ("loreft", "PEFT holds LoRA here"),  # PEFT has no LoReFT (its reference is pyreft)
+        ("houlsby-adapter", "PEFT holds LoRA and VeRA here"),
+        ("loreft", "PEFT holds LoRA and VeRA here"),  # PEFT has no LoReFT (its reference is pyreft)
     ],
 )
 def test_what_peft_cannot_hold_is_refused_in_one_line(tmp_path, tiny, capsys, method, reason):
