@@ -13,6 +13,7 @@ from checkpoint_support import assert_compact_and_resumable, assert_hub_agrees_w
 from conftest import SHARED, build_tiny
 
 from fairseq_idpg.blocks import BLOCKS
+from fairseq_idpg.errors import ConfigError
 from fairseq_idpg.methods import METHODS
 from fairseq_idpg.modules.adapters.adapted_layer import AdaptedEncoderLayer
 from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter
@@ -88,6 +89,25 @@ def test_houlsby_adapter_placement_and_count():
     assert torch.allclose(adapter(x), F.relu(x @ adapter.down.weight.T) @ adapter.up.weight.T, atol=1e-7)
 
 
+def test_the_idpg_authors_gelu_adapter_is_their_sequential_module():
+    """``--adapter-activation gelu``: the IDPG authors' Houlsby adapter, ``nn.Sequential(Linear(d, r), nn.GELU(),
+    Linear(r, d))``, on the same weights; ReLU (the default) differs from it."""
+    torch.manual_seed(0)
+    gelu, relu = BottleneckAdapter(32, 4, activation="gelu"), BottleneckAdapter(32, 4)
+    theirs = torch.nn.Sequential(torch.nn.Linear(32, 4), torch.nn.GELU(), torch.nn.Linear(4, 32))
+    with torch.no_grad():
+        for p in list(gelu.parameters()) + list(theirs.parameters()):
+            p.normal_(0, 0.5)
+        relu.load_state_dict(gelu.state_dict())
+        theirs.load_state_dict({"0.weight": gelu.down.weight, "0.bias": gelu.down.bias, "2.weight": gelu.up.weight,
+                                "2.bias": gelu.up.bias})  # fmt: skip
+    x = torch.randn(3, 32)
+    assert torch.equal(gelu(x), theirs(x))
+    assert (relu(x) - theirs(x)).abs().max() > 1e-2
+    with pytest.raises(ConfigError, match="adapter activation must be 'relu' or 'gelu', got 'tanh'"):
+        BottleneckAdapter(32, 4, activation="tanh")
+
+
 def test_compacter_equals_the_dense_kronecker_adapter_and_counts():
     torch.manual_seed(0)
     adapter = CompacterAdapter(32, 8, n=4, rank=1).double()
@@ -130,6 +150,8 @@ INVALID = [
     *((preset, dict(compacter_n=3), "--compacter-n 3 must divide --encoder-embed-dim 32 and --adapter-dim 16")
       for preset in COMPACTERS),
     *((preset, dict(encoder_attention_heads=3), "--encoder-attention-heads 3 must divide --encoder-embed-dim 32")
+      for preset in COMPACTERS),
+    *((preset, dict(adapter_activation="gelu"), "--adapter-activation applies to --adapter houlsby")
       for preset in COMPACTERS),
     *((preset, dict(ffn_adapter_dim=dim), f"--ffn-adapter-dim must be between 1 and the model dimension 32, got {dim}")
       for preset in methods_with("ffn_adapter") for dim in (40, 64)),

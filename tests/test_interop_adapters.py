@@ -41,12 +41,18 @@ def hf_of(backbone):
     return hf_backbone_for(backbone)
 
 
-@pytest.mark.parametrize("method", ["houlsby-adapter", "compacter", "mam-adapter"])
-def test_round_trip_through_adapters_on_a_tiny_roberta(tmp_path, tiny, glue_texts, method):
+@pytest.mark.parametrize(
+    "method, overrides",
+    [("houlsby-adapter", {}), ("houlsby-adapter", {"--adapter-activation": "gelu"}), ("compacter", {}),
+     ("mam-adapter", {})],
+    ids=["houlsby-adapter", "houlsby-adapter-gelu", "compacter", "mam-adapter"],
+)  # fmt: skip
+def test_round_trip_through_adapters_on_a_tiny_roberta(tmp_path, tiny, glue_texts, method, overrides):
     """Exported with a converted RobertaModel, adapters' logits are ours within float rounding; imported back,
-    every trained tensor is the same (Compacter's A set: ours shared by down and up, adapters' copied)."""
+    every trained tensor is the same (Compacter's A set: ours shared by down and up, adapters' copied) and so
+    are the logits (the Houlsby adapter's nonlinearity, ReLU or GELU, travels as ``non_linearity``)."""
     data, _ = tiny_sst2(tmp_path, tiny)
-    checkpoint = trained_checkpoint(tmp_path, method, tiny.model_file, data)
+    checkpoint = trained_checkpoint(tmp_path, method, tiny.model_file, data, **overrides)
     assert export(checkpoint, tmp_path / "out", "--format", "adapters") == 0
     ours, theirs = (
         hub(checkpoint, data, tiny.folder / "vocab.txt"),
@@ -59,6 +65,9 @@ def test_round_trip_through_adapters_on_a_tiny_roberta(tmp_path, tiny, glue_text
     assert import_(tmp_path / "out", tmp_path / "back.pt", tiny.model_file, data) == 0
     before, after = trained_tensors(checkpoint), trained_tensors(tmp_path / "back.pt")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    back, _ = logits_both(hub(tmp_path / "back.pt", data, tiny.folder / "vocab.txt"), theirs, hf_of(tiny.model_file),
+                          glue_texts)  # fmt: skip
+    assert torch.equal(back, mine)
 
 
 def test_mam_adapter_on_the_standin_loads_into_the_original_bert(tmp_path, standin_model, glue_texts):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from fairseq_idpg.blocks import Attachment, BlockConfig, register_block
 from fairseq_idpg.errors import ConfigError
-from fairseq_idpg.modules.adapters.bottleneck import BottleneckAdapter, check_bottleneck
+from fairseq_idpg.modules.adapters.bottleneck import ACTIVATIONS, BottleneckAdapter, check_bottleneck
 from fairseq_idpg.modules.adapters.compacter import CompacterAdapter
 from fairseq_idpg.options import check_at_least, option
 
@@ -34,6 +34,13 @@ class AdapterConfig(BlockConfig):
         "N(0, 1e-2) folded at 2 std; Compacter's config: A N(0, 0.01^2), s, t Glorot-uniform); other biases 0",
         choices=tuple(INITS),
     )
+    adapter_activation: str = option(
+        "relu",
+        "the Houlsby adapter's nonlinearity: relu (the inducer-tuning authors' adapter) or gelu (the IDPG authors' "
+        "adapter, their Table 1); Compacter's is GELU",
+        choices=tuple(ACTIVATIONS),
+        late=True,
+    )
 
     def active(self):
         return self.adapter != "none"
@@ -41,6 +48,8 @@ class AdapterConfig(BlockConfig):
     def check(self, encoder):
         if self.adapter != "none":
             check_bottleneck("--adapter-dim", self.adapter_dim, encoder.dim)
+        if self.adapter != "houlsby" and self.adapter_activation != "relu":
+            raise ConfigError("--adapter-activation applies to --adapter houlsby (Compacter's nonlinearity is GELU)")
         if self.adapter == "compacter":
             n, dim = self.compacter_n, encoder.dim
             if n < 1 or dim % n or self.adapter_dim % n:
@@ -52,7 +61,7 @@ class AdapterConfig(BlockConfig):
     def adapter_module(self, dim):
         init = INITS[self.adapter_init][self.adapter]
         if self.adapter == "houlsby":
-            return BottleneckAdapter(dim, self.adapter_dim, init=init)
+            return BottleneckAdapter(dim, self.adapter_dim, init=init, activation=self.adapter_activation)
         return CompacterAdapter(dim, self.adapter_dim, self.compacter_n, self.compacter_rank, init=init)
 
     def layer_blocks(self, index, encoder, model):

@@ -6,8 +6,8 @@ What ``adapters`` holds exactly (each field below was checked against adapters 1
 ``methods/modeling.py`` and ``methods/prefix_tuning.py``; docs/using.md, "PEFT and adapters"):
 
 - **Houlsby adapter** (``--adapter houlsby``): ``BnConfig(mh_adapter, output_adapter, original_ln_before=False,
-  original_ln_after=True, residual_before_ln=True, non_linearity="relu", scaling=1.0)`` computes
-  LN(x + h + f(h)) with h the sublayer's output after its dropout and f(h) = W_up ReLU(W_down h + b_d) + b_u
+  original_ln_after=True, residual_before_ln=True, non_linearity="relu" or "gelu", scaling=1.0)`` computes
+  LN(x + h + f(h)) with h the sublayer's output after its dropout and f(h) = W_up act(W_down h + b_d) + b_u
   (Houlsby et al. 2019, Figure 2: the adapter inside the residual, before the layer's LayerNorm), ours
   (``modules/adapters/adapted_layer.py``); the bottleneck r is ``reduction_factor`` = d / r.
 - **Compacter** (``--adapter compacter``): the same placement with ``phm_layer``: W = sum_i kron(A_i, s_i t_i)
@@ -140,7 +140,8 @@ def bn_config(plan, dim, encoder_dropout):
         config = dict(BN_DEFAULTS, mh_adapter=True, output_adapter=True)
         config["reduction_factor"] = reduction_factor(dim, ours.adapter_dim)
         if ours.adapter == "houlsby":
-            return dict(config, non_linearity="relu", init_weights="houlsby")
+            # exact GELU on both sides, as for Compacter below
+            return dict(config, non_linearity=ours.adapter_activation, init_weights="houlsby")
         # Compacter: A ~ N(0, 0.01^2), s, t Glorot-uniform (CompacterAdapter); biases 0 either way
         return dict(
             config, non_linearity="gelu", phm_layer=True, phm_dim=ours.compacter_n, phm_rank=ours.compacter_rank,
@@ -326,8 +327,11 @@ def import_settings(config, dim, folder):
                 overrides["--compacter-rank"] = b.get("phm_rank", 1)
                 method = "compacter"
             else:
-                differences(b, {"non_linearity": "relu"}, folder)
-                overrides["--adapter"] = "houlsby"
+                if b.get("non_linearity") not in ("relu", "gelu"):
+                    raise NotExpressible(
+                        f"{folder}: an adapter with non_linearity {b.get('non_linearity')!r}: ours has relu or gelu"
+                    )
+                overrides.update({"--adapter": "houlsby", "--adapter-activation": b["non_linearity"]})
                 method = "houlsby-adapter"
             overrides["--adapter-dim"] = bottleneck
     return method, overrides

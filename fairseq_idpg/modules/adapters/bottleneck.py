@@ -4,7 +4,7 @@ The module computes only the adapter's *contribution* f(x) ([..., d] -> [..., d]
 added (after a sublayer, or in parallel with the FFN) is the layer's business
 (``adapted_layer.AdaptedEncoderLayer``):
 
-    f(x) = s * (W_up Dropout(ReLU(W_down x + b_d)) + b_u)     W_down: [r, d], W_up: [d, r]
+    f(x) = s * (W_up Dropout(act(W_down x + b_d)) + b_u)      W_down: [r, d], W_up: [d, r]
 
 2 d r + r + d parameters. ``init="bert"`` (the Houlsby adapter's default): weights ~ N(0, 0.02^2),
 biases 0: where the IDPG authors' adapter baseline really starts (their adapter's own N(0, 1e-6^2) is
@@ -14,7 +14,9 @@ default (``init_weights="bert"``). ``init="houlsby"``: weights ~ 0.01 * fmod(N(0
 0 and the layer close to the frozen one. ``init="lora"`` (the parallel FFN adapter of MAM adapters
 and MAM inducer-tuning, inducer-tuning section 5.2; the authors' ``ffn_adapter_init_option=lora``):
 W_down kaiming-uniform (a = sqrt(5)), W_up and both biases 0, so f = 0 exactly at the start.
-ReLU as in the authors' ``Adapter_Layer`` (the code behind the inducer paper's adapter baselines).
+act is ReLU by default, as in the inducer authors' ``Adapter_Layer`` (the code behind the inducer paper's
+adapter baselines), or exact GELU (``activation="gelu"``), as the IDPG authors' Houlsby adapter
+(``nn.Sequential(Linear(d, r), nn.GELU(), Linear(r, d))`` in their encoder), behind IDPG Table 1's Adapter row.
 """
 
 import math
@@ -24,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fairseq_idpg.errors import ConfigError
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # F.gelu: exact (erf), as nn.GELU()
 
 
 @torch.no_grad()
@@ -42,11 +46,15 @@ def check_bottleneck(flag, bottleneck, dim):
 
 
 class BottleneckAdapter(nn.Module):
-    """``f(x) = s * (W_up Dropout(ReLU(W_down x + b_d)) + b_u)``; shapes [..., dim] -> [..., dim]."""
+    """``f(x) = s * (W_up Dropout(act(W_down x + b_d)) + b_u)``; shapes [..., dim] -> [..., dim]."""
 
-    def __init__(self, dim, bottleneck, scale=1.0, dropout=0.0, init="bert"):
+    def __init__(self, dim, bottleneck, scale=1.0, dropout=0.0, init="bert", activation="relu"):
         super().__init__()
         check_bottleneck("the adapter bottleneck", bottleneck, dim)
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"adapter activation must be {' or '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
         self.scale = float(scale)
         self.down = nn.Linear(dim, bottleneck)
         self.up = nn.Linear(bottleneck, dim)
@@ -66,9 +74,9 @@ class BottleneckAdapter(nn.Module):
             raise ConfigError(f"adapter init must be 'bert', 'houlsby' or 'lora', got {init!r}")
 
     def forward(self, x):
-        h = self.dropout(F.relu(self.down(x)))
+        h = self.dropout(self.act(self.down(x)))
         # s = 1 (Houlsby's adapter): no multiply, one kernel launch less each way per adapter on a GPU
         return self.up(h) if self.scale == 1.0 else self.up(h) * self.scale
 
     def extra_repr(self):
-        return f"scale={self.scale}"
+        return f"scale={self.scale}, activation={self.activation}"
