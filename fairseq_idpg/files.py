@@ -184,8 +184,9 @@ def save_torch(obj, path):
 
 
 def write_json(obj, path, indent=1):
-    with writing(path) as tmp, open(tmp, "w") as f:
-        json.dump(obj, f, indent=indent)
+    """``obj`` as JSON at ``path`` (a final newline), written whole or not at all (``writing``)."""
+    with writing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(obj, indent=indent) + "\n")
 
 
 def save_safetensors(tensors, path, metadata=None):

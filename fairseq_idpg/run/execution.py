@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from fairseq_idpg.errors import RunError
+from fairseq_idpg.files import write_json
 from fairseq_idpg.launch import console_script
 from fairseq_idpg.layout import REPO
 from fairseq_idpg.run.processes import ConsoleFilter, Refused, TrainingEta, tee
-from fairseq_idpg.run.record import read_run_file, read_run_folder, show_scores, write_json, write_record
+from fairseq_idpg.run.record import read_run_file, read_run_folder, show_scores, write_record
 
 
 def checkpoint_updates(path):
@@ -103,7 +104,7 @@ def execute_locked(p, new, lock=None):
     if done is not None:
         return show_cached(save, done)
     trained = trained_before(p)
-    write_json(save / "config.json", p.config)
+    write_json(p.config, save / "config.json")
     failure = None
     try:
         if not trained:

@@ -24,6 +24,7 @@ import sys
 import time
 
 from fairseq_idpg.errors import ConfigError, RunError
+from fairseq_idpg.files import write_json
 from fairseq_idpg.member_flags import split_own
 from fairseq_idpg.run.execution import (
     checkpoint_updates,
@@ -35,7 +36,7 @@ from fairseq_idpg.run.execution import (
     trained_before,
 )
 from fairseq_idpg.run.processes import ONE_LINE_ERROR, Refused
-from fairseq_idpg.run.record import read_run_folder, write_json, write_record
+from fairseq_idpg.run.record import read_run_folder, write_record
 
 
 def fairseq_train_args(p):
@@ -103,7 +104,7 @@ def execute_group(plans):
             trained = trained_before(p)
             if not trained:
                 print("training", flush=True)
-            write_json(p.folder / "config.json", p.config)
+            write_json(p.config, p.folder / "config.json")
             todo.append((p, lock, trained))
         training = [(p, lock) for p, lock, trained in todo if not trained]
         if training:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from fairseq_idpg.errors import RunError
+from fairseq_idpg.files import write_json
 from fairseq_idpg.layout import REPO, SAMPLE_DIR
 
 SHOWN_METRICS = ("accuracy", "f1", "acc_and_f1", "mcc", "pearson", "spearman", "pearson_and_spearman", "loss")
@@ -100,14 +101,6 @@ def read_run_folder(folder):
     return read_run_file(Path(folder) / "results.json")
 
 
-def write_json(path, data):
-    """``data`` as ``path``, written whole or not at all (``atomic_write_text``: a temporary file renamed over
-    it, removed when the write fails)."""
-    from fairseq_idpg.files import atomic_write_text
-
-    atomic_write_text(str(path), json.dumps(data, indent=1) + "\n")
-
-
 def made_up_sample(config):
     """The made-up sample folder a run's data was prepared from (an offline stand-in job without data), or None."""
     raw = ((config.get("data") or {}).get("provenance") or {}).get("raw")
@@ -154,7 +147,7 @@ def write_record(p, results, diverged=None, extra=None):
         "command": shlex.join(["scripts/run.sh", *p.argv]),
         **(extra or {}),
     }
-    write_json(save / "results.json", record)
+    write_json(record, save / "results.json")
 
 
 def training_device():
