@@ -21,6 +21,18 @@ from fairseq_idpg.interop.hf_backbone import HEAD_MODULES
 
 LORA_MODULES = {"q": "query", "v": "value"}  # our targets -> transformers' attention.self.<name>
 
+
+def adapted_projections(model, hf, prefix, kind):
+    """(our module, PEFT's module name, our state key) of every ``self_attn.{kind}_{t}`` (``kind``: lora or vera),
+    layer by layer, q before v: the one walk of the LoRA and VeRA exports and imports."""
+    for i, layer in enumerate(model.encoder.sentence_encoder.layers):
+        for t, module in LORA_MODULES.items():
+            found = getattr(layer.self_attn, f"{kind}_{t}", None)
+            if found is not None:
+                name = prefix + hf.layer(i, f"attention.self.{module}")
+                yield found, name, f"encoder.sentence_encoder.layers.{i}.self_attn.{kind}_{t}"
+
+
 # fields read into our flags, or resolved against the module names and then checked
 MAPPED = (
     "r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "exclude_modules", "layers_to_transform",

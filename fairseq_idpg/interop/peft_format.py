@@ -126,16 +126,11 @@ def check_exportable(run):
 def lora_tensors(run, hf):
     """The LoRA A and B of every layer under PEFT's names (A: [r, in], B: [out, r], as ``nn.Linear``)."""
     out = {}
-    for i, layer in enumerate(run.model.encoder.sentence_encoder.layers):
-        for t, module in LORA_MODULES.items():
-            lora = getattr(layer.self_attn, f"lora_{t}", None)
-            if lora is None:
-                continue
-            name = PREFIX + hf.layer(i, f"attention.self.{module}")
-            out[f"{name}.lora_A.weight"] = lora.A.detach().float().contiguous()
-            out[f"{name}.lora_B.weight"] = lora.B.detach().float().contiguous()
-            if hasattr(lora, "magnitude"):  # DoRA
-                out[f"{name}.{MAGNITUDE}"] = lora.magnitude.detach().float().contiguous()
+    for lora, name, _ in peft_config.adapted_projections(run.model, hf, PREFIX, "lora"):
+        out[f"{name}.lora_A.weight"] = lora.A.detach().float().contiguous()
+        out[f"{name}.lora_B.weight"] = lora.B.detach().float().contiguous()
+        if hasattr(lora, "magnitude"):  # DoRA
+            out[f"{name}.{MAGNITUDE}"] = lora.magnitude.detach().float().contiguous()
     return out
 
 
@@ -274,16 +269,11 @@ def imported_state(tensors, hf, model, head, folder, vera=False):
         for key, ours in peft_vera.layer_keys(model, hf, PREFIX):
             take(key, ours)
         used.update(k for k in peft_vera.PROJECTIONS.values() if k in tensors)
-    for i, layer in enumerate(model.encoder.sentence_encoder.layers):
-        for t, module in LORA_MODULES.items():
-            if getattr(layer.self_attn, f"lora_{t}", None) is None:
-                continue
-            name = PREFIX + hf.layer(i, f"attention.self.{module}")
-            ours = f"encoder.sentence_encoder.layers.{i}.self_attn.lora_{t}"
-            take(f"{name}.lora_A.weight", f"{ours}.A")
-            take(f"{name}.lora_B.weight", f"{ours}.B")
-            if hasattr(getattr(layer.self_attn, f"lora_{t}"), "magnitude"):  # DoRA
-                take(f"{name}.{MAGNITUDE}", f"{ours}.magnitude")
+    for lora, name, ours in peft_config.adapted_projections(model, hf, PREFIX, "lora"):
+        take(f"{name}.lora_A.weight", f"{ours}.A")
+        take(f"{name}.lora_B.weight", f"{ours}.B")
+        if hasattr(lora, "magnitude"):  # DoRA
+            take(f"{name}.{MAGNITUDE}", f"{ours}.magnitude")
     pretrained = pretrained_pooler(hf) if f"{PREFIX}bert.pooler.dense.weight" not in tensors else {}
     for key, (part, kind) in head_keys(hf).items():
         ours = HEAD_KEY.format(head=head, part=part, kind=kind)

@@ -145,12 +145,8 @@ def check_projections(config, tensors, dim, folder):
 
 def layer_keys(model, hf, prefix):
     """[(PEFT's key, our state key)] of every layer's b and d."""
-    pairs = []
-    for i, layer in enumerate(model.encoder.sentence_encoder.layers):
-        for t, module in LORA_MODULES.items():
-            if getattr(layer.self_attn, f"vera_{t}", None) is None:
-                continue
-            name = prefix + hf.layer(i, f"attention.self.{module}")
-            ours = f"encoder.sentence_encoder.layers.{i}.self_attn.vera_{t}"
-            pairs += [(f"{name}.{theirs}", f"{ours}.{mine}") for mine, theirs in LAMBDAS.items()]
-    return pairs
+    return [
+        (f"{name}.{theirs}", f"{ours}.{mine}")
+        for _, name, ours in peft_config.adapted_projections(model, hf, prefix, "vera")
+        for mine, theirs in LAMBDAS.items()
+    ]
