@@ -271,5 +271,9 @@ def test_published_numbers_checked_twice_against_the_papers():
     assert dpt.loc[("dpt", "RTE"), ["mean", "std"]].tolist() == [90.25, 0.36]
     assert published.lookup("dpt-table1@t5-small").set_index(["method", "task"]).loc[("dpt", "RTE"), "mean"] == 70.51
     assert published.lookup("inducer-table2").empty  # its numbers were lost in the text extraction
+    reft = published.lookup("reft-table4").set_index(["method", "task"])  # ReFT Table 4: LoReFT, LoRA
+    assert reft.loc[("loreft", "RTE"), "mean"] == 87.5 and reft.loc[("lora", "CoLA"), "mean"] == 65.5
+    vera = published.lookup("reft-table16").set_index(["method", "task"])  # ReFT Table 16: VeRA's protocol
+    assert vera.loc[("vera", "MRPC"), "mean"] == 90.9 and vera.loc[("loreft", "RTE"), "mean"] == 87.8
     with pytest.raises(published.PublishedError, match="no backbone 't5-xl'"):
         published.lookup("dpt-table1@t5-xl")
