@@ -72,6 +72,26 @@ def validations(text: str) -> List[Entry]:
     return [e for e in read_log(text) if re.fullmatch(r"valid\d*|test\d*", e.tag) and "num_updates" in e.stats]
 
 
+def training_speed(text: str):
+    """Seconds per update of a fairseq-train log: the median over its ``train_inner`` lines of 1 / ``ups`` (fairseq's
+    updates per second over each log interval, 2 decimals): the intervals that hold a start, a resume or a
+    validation are the slow few the median leaves out. None without a line of nonzero ``ups``."""
+    rates = sorted(e.stats["ups"] for e in read_log(text) if e.tag == "train_inner"
+                   and isinstance(e.stats.get("ups"), (int, float)) and e.stats["ups"] > 0)  # fmt: skip
+    if not rates:
+        return None
+    middle = len(rates) // 2
+    rate = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+    return 1 / rate
+
+
+def least_free_gb(text: str):
+    """The least ``gb_free`` of a fairseq-train log's updates (CUDA: the device's memory less the peak allocated
+    in the update, 0.1 GB steps), or None where the log has none (CPU)."""
+    free = [e.stats["gb_free"] for e in read_log(text) if isinstance(e.stats.get("gb_free"), (int, float))]
+    return min(free) if free else None
+
+
 def curve(text: str, metrics) -> List[dict]:
     """``[{"updates": 100, "split": "valid", "accuracy": 71.2, "loss": 0.69}, ...]`` from a fairseq-train
     log: each validation with the named metrics it has."""

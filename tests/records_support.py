@@ -34,6 +34,7 @@ def record(
     results: Optional[Dict[str, Dict[str, float]]] = None,
     budget: Optional[str] = None,
     diverged: Optional[dict] = None,
+    cost: Optional[dict] = None,
 ) -> dict:
     """One results.json: ``dev`` is the metric on ``select_on``, ``test`` (if given) on its official set;
     ``diverged`` (``{"update", "reason"}``): a diverged run's, with no scores."""
@@ -74,6 +75,8 @@ def record(
         out["curve"] = curve
     if diverged is not None:
         out.update(diverged=diverged, score=None, results={})
+    if cost is not None:  # {"seconds_per_update", "peak_memory_mb", "memory"}, as run.sh records them
+        out["cost"] = cost
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import plots, published
 from .records import RecordsError, curve_points, read_records
 from .spec import keep, read_spec
-from .table import SELECTION_TEXT, SELECTIONS, cells, choose_runs, long_table, markdown
+from .table import SELECTION_TEXT, SELECTIONS, cells, choose_runs, cost_markdown, long_table, markdown
 
 
 def parse_args(argv):
@@ -62,7 +62,7 @@ def main(argv=None):
         else {}
     )
     long = long_table(cells(chosen), paper, **order)
-    text = markdown(long, args.select, published.describe(name) if name else None)
+    text = markdown(long, args.select, published.describe(name) if name else None) + cost_markdown(chosen)
     csv = long.to_csv(index=False, float_format="%.6g")
     print(text if args.format == "markdown" else csv, end="")
     if args.out_dir:

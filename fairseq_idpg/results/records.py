@@ -100,8 +100,16 @@ def row_of(record: dict, path: Path) -> dict:
         "reported": math.nan if diverged else metric_value(results, split, metric, path),
         "diverged": diverged,
         "curve": [] if diverged else record.get("curve") or [],
+        # what the run cost (records written before these were recorded have none: NaN)
+        **{k: cost_value(record, k) for k in ("seconds_per_update", "peak_memory_mb")},
+        "memory": (record.get("cost") or {}).get("memory") or "",
         "file": str(path),
     }
+
+
+def cost_value(record: dict, key: str) -> float:
+    value = (record.get("cost") or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
 def same_run(a: dict, b: dict) -> bool:

@@ -268,6 +268,29 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
     return "\n".join(out) + "\n"
 
 
+def cost_markdown(chosen: pd.DataFrame) -> str:
+    """What each method's chosen runs cost, as Hugging Face PEFT's method comparison shows it beside the scores:
+    per model and method, the median seconds per update and the largest peak memory over the runs that recorded
+    them (the run record's ``cost``), and how many did; "" when none did."""
+    if "seconds_per_update" not in chosen or chosen[["seconds_per_update", "peak_memory_mb"]].isna().all().all():
+        return ""
+    out = ["## Cost per method\n", "| model | method | s / update (median) | peak memory MB (largest) | runs |",
+           "|---|---|---:|---:|---:|"]  # fmt: skip
+    kinds = set()
+    for (model, label), runs in chosen.groupby(["model", "label"], sort=False):
+        speed, memory = runs["seconds_per_update"].dropna(), runs["peak_memory_mb"].dropna()
+        kinds.update(k for k in runs["memory"] if k)
+        median = f"{speed.median():.3g}" if len(speed) else MISSING
+        peak = f"{memory.max():,.0f}" if len(memory) else MISSING
+        out.append(f"| {model} | {label} | {median} | {peak} | {max(len(speed), len(memory))} of {len(runs)} |")
+    out.append(
+        "\nSeconds per update: the median over fairseq-train's log intervals of 1 / its ups (updates per second). "
+        f"Peak memory: {' / '.join(sorted(kinds)) or MISSING} (the trainer's; a fused "
+        f"group's runs share one process and record none). {MISSING}: no chosen run recorded it.\n"
+    )
+    return "\n".join(out)
+
+
 def split_label(task: str, splits: str, budget: str) -> str:
     """The reported split as the task's files name it, for the ``Reported split:`` line. A record names
     fairseq's split: ``valid`` / ``test``, then ``valid1`` / ``test1``... for the task's next labelled file.

@@ -210,10 +210,28 @@ def train(p, lock=None):
         hold=lock,
     )
     p.timings["train"] = round(seconds, 1)
+    p.memory = peak_memory(save / "train.log")
     # checkpoint_<epoch>_<updates>.pt (mid-epoch saves, for resuming) repeat checkpoint_last.pt now
     for interval in save.glob("checkpoint_*_*.pt"):
         if re.fullmatch(r"checkpoint_\d+_\d+\.pt", interval.name):
             interval.unlink()
+
+
+def peak_memory(train_log):
+    """{"mb", "of"}: the peak memory of the fairseq-train that just ended. CUDA: the device's memory less the least
+    ``gb_free`` fairseq logged (its peak allocated per update, 0.1 GB steps); else the largest resident set of
+    this process's finished children (Linux ``ru_maxrss``): the trainer's, the largest of them."""
+    import resource
+
+    from fairseq_idpg.logs import least_free_gb
+
+    free = least_free_gb(Path(train_log).read_text(encoding="utf-8", errors="replace"))
+    if free is not None and _cuda():
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory / 1024**3  # fairseq's CudaEnvironment's GB
+        return {"mb": round((total - free) * 1024), "of": "CUDA, peak allocated"}
+    return {"mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024), "of": "host, peak resident"}
 
 
 def score(p, lock=None):

@@ -46,6 +46,7 @@ class Plan:
     start: float
     missing: list  # what a dry run found absent (model files, raw folders), one line each
     note: Optional[str] = None  # the run found under its earlier name (``earlier_folder``), said in one line
+    memory: Optional[dict] = None  # the trainer's peak memory, once it has trained here (``execution.train``)
 
     @property
     def finished(self):

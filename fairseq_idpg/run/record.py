@@ -101,6 +101,20 @@ def read_run_folder(folder):
     return read_run_file(Path(folder) / "results.json")
 
 
+def training_cost(log, memory):
+    """A record's ``cost``: seconds per update from fairseq-train's log (``logs.training_speed``), and the trainer's
+    peak memory where this process trained it (``execution.peak_memory``; None for a run trained before, or in a
+    fused group, whose process is shared)."""
+    from fairseq_idpg.logs import training_speed
+
+    speed = training_speed(log)
+    return {
+        "seconds_per_update": None if speed is None else round(speed, 4),
+        "peak_memory_mb": memory["mb"] if memory else None,
+        "memory": memory["of"] if memory else None,
+    }
+
+
 def made_up_sample(config):
     """The made-up sample folder a run's data was prepared from (an offline stand-in job without data), or None."""
     raw = ((config.get("data") or {}).get("provenance") or {}).get("raw")
@@ -112,6 +126,7 @@ def write_record(p, results, diverged=None, extra=None):
     diverged run (``diverged``: where and why) is a result without scores: ``score`` None, ``results`` {}.
     ``extra``: more fields (a fused run's ``fused_with``: the runs it trained with)."""
     request, config, save, timings = p.request, p.config, p.folder, p.timings
+    log = (save / "train.log").read_text(encoding="utf-8", errors="replace")
     updates, batch, lr, metric = config["updates"], config["batch"], config["lr"], config["metric"]
     print(f"\n== {p.task} | model {request.model} | method {request.method} | {updates} updates, batch {batch}, "
           f"lr {lr:g}")  # fmt: skip
@@ -142,7 +157,8 @@ def write_record(p, results, diverged=None, extra=None):
         "timings": timings,
         "device": training_device(),  # what the timings (and CUDA's own random streams) were measured on
         # the dev metrics fairseq-train logged at each validation (its --log-format json lines)
-        "curve": learning_curve((save / "train.log").read_text(encoding="utf-8", errors="replace")),
+        "curve": learning_curve(log),
+        "cost": training_cost(log, p.memory),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": shlex.join(["scripts/run.sh", *p.argv]),
         **(extra or {}),
