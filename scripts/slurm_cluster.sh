@@ -77,8 +77,14 @@ MinJobAge=86400
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# SIGTERM to SIGKILL of a cancelled, requeued or timed-out job: 5 s (30 on most clusters)
-KillWait=5
+# SIGTERM to SIGKILL of a cancelled, requeued or timed-out job: 2 s (30 on most clusters). A sweep's job outlives
+# SIGTERM (submitit's process ignores it), so each requeue and scancel of a running job waits this long; what the
+# run keeps (its checkpoints) is on disk already
+KillWait=2
+# a command that cannot reach the controller (the tests stop it) retries once a second for this long before it
+# gives up: 5 s, not the default 10 (a sweep stops following after 3 such polls), still seconds more than an
+# answer takes on a loaded machine
+MessageTimeout=5
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -1,16 +1,18 @@
 """Sweeps on a real single-node Slurm (scripts/slurm_cluster.sh: munge, slurmctld, slurmd on 127.0.0.1), started
 once for this file and stopped at its end when it started it; skipped, with the reason, where it cannot start.
 
-Bad input: one line naming the flag, exit 2, nothing submitted. End to end (slow): one sweep of 2 methods x 2
-seeds (and a third label, the same LoRA run as one of them) through sbatch, with the faults a cluster brings
-while it runs: a pending array task cancelled, a running task requeued (preemption), a task signalled as
-before its time limit, a task killed with kill -9, and the controller stopped while the sweep waits. And a sweep
-with --fuse 2 (two groups of two LoRA runs, each group one array task): a pending group cancelled, a running one
-requeued; the same command again submits the cancelled group, the next one follows it. And the same run through
-the local and the Slurm executor (equal tensors; a finished sweep reported with the controller down), and the
-progress of an array held back by --array-parallelism with a run cancelled after its first checkpoint. Every wait
-is for a condition, with a deadline only against a hang: a loaded machine makes each step minutes."""
+Bad input: one line naming the flag, exit 2, nothing submitted. End to end (slow): one sweep of LoRA at 2 seeds
+and prompt tuning at one (and a third label, the same LoRA run as one of them) through sbatch, with the faults a
+cluster brings while it runs: a pending array task cancelled, a running task requeued (preemption), a task
+signalled as before its time limit, a task killed with kill -9, and the controller stopped while the sweep waits.
+And a sweep with --fuse 2 (two groups of two LoRA runs, each group one array task): a pending group cancelled, a
+running one requeued; the same command again submits the cancelled group, the next one follows it. And the same
+run through the local and the Slurm executor (equal tensors; a finished sweep reported with the controller down),
+and the progress of an array held back by --array-parallelism with a run cancelled after its first checkpoint.
+Every wait is for a condition, with a deadline only against a hang: a loaded machine makes each step minutes. The
+runs use ``slices``: RTE and SST-2 with 8 dev rows."""
 
+import itertools
 import json
 import os
 import re
@@ -67,6 +69,22 @@ def refused(capsys, argv):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     return code, err[0]
+
+
+@pytest.fixture(scope="module")
+def slices(glue_slices, tmp_path_factory):
+    """glue_slices' RTE and SST-2 (160 train rows) with 8 dev rows, one validation batch, instead of 48: every run
+    here validates at each checkpoint it saves and is scored once more, and 6 batches of RTE's long pairs were most
+    of a stand-in run's time. The tests check the plumbing (requeues, resumes, equal tensors), not a score; the first
+    8 dev rows of each hold both labels."""
+    root = tmp_path_factory.mktemp("glue-slurm")
+    for task in ("RTE", "SST-2"):
+        (root / task).mkdir()
+        for raw in sorted((glue_slices / task).glob("*.tsv")):
+            with raw.open(encoding="utf-8", newline="") as lines:
+                head = "".join(lines if raw.name.startswith("train") else itertools.islice(lines, 8 + 1))
+            (root / task / raw.name).write_text(head, encoding="utf-8", newline="")
+    return root
 
 
 SPEC = "name: s\nmodel: standin\ntasks: [SST-2]\nmethods: [lora]\nlrs: recipe\nseeds: [1]\nmax_update: {updates}\n"
@@ -176,12 +194,12 @@ def test_time_under_the_estimate_is_one_line(slurm, glue_slices, standin_model, 
 # ---------------------------------------------------------------------------------------- end to end (slow)
 FAULTS = """
 name: slurm
-description: 2 methods x 2 seeds on the stand-in through sbatch; lora-again is lora at seed 2 once more (the reference)
+description: lora at 2 seeds, prompt tuning at 1, on the stand-in through sbatch; lora-again is lora at seed 2 once more
 model: standin
 tasks: [RTE]
 methods:
   - {method: lora, max_update: 6}
-  - {method: prompt-tuning-5, max_update: 2}
+  - {method: prompt-tuning-5, max_update: 2, seeds: [2]}
   - {label: lora-again, method: lora, max_update: 6, seeds: [2], args: [--keep-interval-updates, 9]}
 lrs: recipe
 seeds: [1, 2]
@@ -253,31 +271,46 @@ def trained(folder):
     return {k: v for k, v in checkpoint["model"].items() if not k.startswith("_")}
 
 
-def on_the_cluster(text, tmp_path, slurm, glue_slices, *flags):
+def on_the_cluster(text, tmp_path, slurm, slices, *flags):
     """(the specification's file, the work folder, the sweep's command on the cluster, its environment)."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
     work = tmp_path / "work"
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--executor", "slurm", "--work-dir", str(work)]
     cmd += ["--gpus-per-run", "0", "--cpus-per-run", "1", "--poll", "1", *flags]
-    return spec, work, cmd, {**os.environ, **slurm, "GLUE_DIR": str(glue_slices)}
+    return spec, work, cmd, {**os.environ, **slurm, "GLUE_DIR": str(slices)}
+
+
+def in_process(cmd, env, monkeypatch, capsys):
+    """(exit status, stdout, stderr) of the sweep command ``cmd`` run in this process, an interpreter start less: for
+    a command that follows jobs or reports finished runs, not one that trains."""
+    monkeypatch.setenv("GLUE_DIR", env["GLUE_DIR"])
+    capsys.readouterr()
+    code = sweep.main(cmd[cmd.index("fairseq_idpg.sweep") + 1 :])
+    said = capsys.readouterr()
+    return code, said.out, said.err
 
 
 @pytest.mark.slow
-def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices, standin_model, tmp_path):
-    spec, work, cmd, env = on_the_cluster(FAULTS, tmp_path, slurm, glue_slices, "--array-parallelism", "2")
+def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, slices, standin_model, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    """4 runs: LoRA at seeds 1 and 2 (one signalled as before its time limit, one requeued), prompt tuning at seed 2
+    (killed with kill -9), lora-again (the reference for the requeued run; cancelled while pending, run by the
+    second command while the controller stops)."""
+    spec, work, cmd, env = on_the_cluster(FAULTS, tmp_path, slurm, slices, "--array-parallelism", "2")
     slurm_dir = work / "sweeps" / "slurm" / "slurm"
 
     def start(name):
         out = tmp_path / f"{name}.out"
         return subprocess.Popen(cmd, stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env), out
 
-    # 1. five runs as one array, 2 at a time; while it runs: a pending task cancelled, a running one signalled
+    # 1. four runs as one array, 2 at a time; while it runs: a pending task cancelled, a running one signalled
     # as before its time limit, one requeued by the cluster (preemption), one killed with kill -9
     first, first_out = start("first")
     submitted = slurm_dir / "submitted.json"
     ids = wait_for(lambda: submitted.is_file() and json.loads(submitted.read_text()))
-    assert ids[AGAIN].endswith("_4") and "PENDING" in state(ids[AGAIN])
+    assert ids[LORA1].endswith("_0") and ids[LORA2].endswith("_1") and ids[AGAIN].endswith("_3"), ids
+    assert "PENDING" in state(ids[AGAIN])
     subprocess.run(["scancel", ids[AGAIN]], check=True)
     # the run to kill -9 is short and may run while the requeues below are awaited: watched for from now on
     killed = []
@@ -285,14 +318,21 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
         target=lambda: killed.append(os.kill(wait_for(lambda: run_folder(work, PT2) and task_process(ids[PT2])),
                                              signal.SIGKILL) or True), daemon=True)  # fmt: skip
     watcher.start()
-    wait_for(lambda: saved_update_2(work, LORA1))
-    # what Slurm sends before the limit
-    signalling = subprocess.Popen(["scancel", "--signal=USR2", ids[LORA1]], stderr=subprocess.DEVNULL)
+    # the two LoRA runs train side by side: each gets its fault as soon as it saved update 2 (4 updates before its end)
+    faulted = {}
+
+    def both_faulted():
+        """LORA1 signalled as Slurm does before the time limit, LORA2 requeued, each once it saved update 2."""
+        if LORA1 not in faulted and saved_update_2(work, LORA1):
+            faulted[LORA1] = subprocess.Popen(["scancel", "--signal=USR2", ids[LORA1]], stderr=subprocess.DEVNULL)
+        if LORA2 not in faulted and saved_update_2(work, LORA2):
+            faulted[LORA2] = subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
+        return len(faulted) == 2
+
+    wait_for(both_faulted)
     wait_for(lambda: requeued_again(ids[LORA1]))
-    signalling.kill()  # scancel goes on asking while the job is requeued
-    signalling.wait()
-    wait_for(lambda: saved_update_2(work, LORA2))
-    subprocess.run(["scontrol", "requeue", ids[LORA2]], check=True)
+    faulted[LORA1].kill()  # scancel goes on asking while the job is requeued
+    faulted[LORA1].wait()
     # the sweep says so once a poll sees the job back in the queue (Slurm holds it there about 2 minutes), before
     # it is made eligible at once
     lora2_log = work / "sweeps" / "slurm" / "logs" / f"{LORA2}.log"
@@ -308,7 +348,7 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
     assert not re.search(r", [3-9] running", out) and re.search(r", [12] running", out), out[-3000:]
     assert f"cancelled: {AGAIN} (job {ids[AGAIN]}, scancel); not run" in out
     assert re.search(rf"FAILED {re.escape(PT2)} \(job {ids[PT2]}: FAILED", out), out[-3000:]
-    assert "[sweep slurm] 3/5 done (0 cached), 0 running, 1 failed, 1 cancelled, 0 left" in out
+    assert "[sweep slurm] 2/4 done (0 cached), 0 running, 1 failed, 1 cancelled, 0 left" in out
     assert "1 run(s) cancelled (scancel): run this sweep again to train them (each resumes from its last" in out
     logs = work / "sweeps" / "slurm" / "logs"
     assert "time limit near or preempted: requeued" in (logs / f"{LORA1}.log").read_text()
@@ -329,23 +369,23 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
 
     wait_for(again_training)
     os.kill(int((STATE / "slurmctld.pid").read_text()), signal.SIGTERM)
-    assert second.wait(timeout=DEADLINE) == 1  # 3 polls without an answer, each up to a minute
+    assert second.wait(timeout=DEADLINE) == 1  # 3 polls without an answer, each MessageTimeout (here 5 s) long
     last = second_out.read_text().strip().splitlines()[-1]
     assert re.fullmatch(r"sweep: error: the Slurm controller does not answer \(squeue: .*\); [12] job\(s\) stay "
                         r"as they were: run the same command again to follow them", last), last  # fmt: skip
     subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=600)
 
     # 3. the same command follows the two jobs (or finds them finished) and submits nothing
-    third = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert "[sweep slurm] 5/5 done" in third.stdout and not re.search(r"submitted [1-9]", third.stdout)
+    code, third, err = in_process(cmd, env, monkeypatch, capsys)
+    assert code == 0, third[-3000:] + err[-3000:]
+    assert "[sweep slurm] 4/4 done" in third and not re.search(r"submitted [1-9]", third)
     assert json.loads(submitted.read_text()) == again
 
     # 4. all cached: nothing submitted
     before = jobs_known()
-    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
-    assert fourth.returncode == 0 and "[sweep slurm] 5/5 done (5 cached)" in fourth.stdout, fourth.stdout[-2000:]
-    assert "submitted" not in fourth.stdout and not submitted_since(before)
+    code, fourth, _ = in_process(cmd, env, monkeypatch, capsys)
+    assert code == 0 and "[sweep slurm] 4/4 done (4 cached)" in fourth, fourth[-2000:]
+    assert "submitted" not in fourth and not submitted_since(before)
 
     # the run requeued mid-training resumed: its trained tensors and scores are the uninterrupted run's
     requeued, reference = run_folder(work, LORA2), run_folder(work, AGAIN)
@@ -357,12 +397,11 @@ def test_a_sweep_through_sbatch_survives_the_clusters_faults(slurm, glue_slices,
 
     # the table from the records
     records = work / "sweeps" / "slurm" / "records"
-    assert len(list(records.rglob("*.json"))) == 5
+    assert len(list(records.rglob("*.json"))) == 4
     table = tmp_path / "table"
-    done = subprocess.run([sys.executable, "-m", "fairseq_idpg.results", str(records), "--spec", str(spec),
-                           "--out-dir", str(table)], capture_output=True, text=True, timeout=DEADLINE,
-                          cwd=REPO)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    from fairseq_idpg.results.__main__ import main as results_table
+
+    assert results_table([str(records), "--spec", str(spec), "--out-dir", str(table)]) == 0
     rows = (table / "table.csv").read_text()
     assert all(label in rows for label in ("lora", "prompt-tuning-5", "lora-again"))
 
@@ -392,9 +431,10 @@ def group_folders(work, first):
 
 
 @pytest.mark.slow
-def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_slices, standin_model, tmp_path):
+def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, slices, standin_model, tmp_path, monkeypatch,
+                                                                   capsys):  # fmt: skip
     flags = ("--array-parallelism", "1", "--fuse", "2")
-    _, work, cmd, env = on_the_cluster(FUSED, tmp_path, slurm, glue_slices, *flags)
+    _, work, cmd, env = on_the_cluster(FUSED, tmp_path, slurm, slices, *flags)
     submitted = work / "sweeps" / "slurm-fused" / "slurm" / "submitted.json"
 
     # 1. two groups, one array task each, one at a time: the pending group cancelled, the running one requeued once
@@ -434,12 +474,12 @@ def test_a_fused_sweep_through_sbatch_trains_each_group_as_one_job(slurm, glue_s
     second.wait(timeout=DEADLINE)
     again = json.loads(submitted.read_text())
     assert again[AGAIN1] == again[AGAIN2] != ids[AGAIN1] and again[LORA1] == ids[LORA1]
-    third = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert "submitted 0 job(s), following 1 submitted before" in third.stdout, third.stdout[-3000:]
-    assert "[sweep slurm-fused] 4/4 done (2 cached)" in third.stdout
-    fourth = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
-    assert fourth.returncode == 0 and "[sweep slurm-fused] 4/4 done (4 cached)" in fourth.stdout, fourth.stdout[-2000:]
+    code, third, err = in_process(cmd, env, monkeypatch, capsys)
+    assert code == 0, third[-3000:] + err[-3000:]
+    assert "submitted 0 job(s), following 1 submitted before" in third, third[-3000:]
+    assert "[sweep slurm-fused] 4/4 done (2 cached)" in third
+    code, fourth, _ = in_process(cmd, env, monkeypatch, capsys)
+    assert code == 0 and "[sweep slurm-fused] 4/4 done (4 cached)" in fourth, fourth[-2000:]
 
     # each run of the requeued group ends with the trained tensors of the same run in the uninterrupted group
     found = (json.loads(p.read_text()) for p in (work / "sweeps" / "slurm-fused" / "records").rglob("*.json"))
@@ -463,12 +503,12 @@ def finished_folder(work):
 
 
 @pytest.mark.slow
-def test_a_run_on_slurm_is_the_local_run_and_its_report_needs_no_controller(slurm, glue_slices, standin_model,
-                                                                             tmp_path):  # fmt: skip
+def test_a_run_on_slurm_is_the_local_run_and_its_report_needs_no_controller(slurm, slices, standin_model, tmp_path,
+                                                                             monkeypatch, capsys):  # fmt: skip
     """The same run (1 CPU) through the local executor and through the Slurm executor: the same folder name and
     equal trained tensors. Then, the controller stopped: the finished sweep is reported (exit 0), and a sweep with a
-    run to submit is refused in one line (exit 2)."""
-    spec, work, cmd, env = on_the_cluster(ONE, tmp_path, slurm, glue_slices)
+    run to submit is refused in one line (exit 2); these two in this process (neither trains)."""
+    spec, work, cmd, env = on_the_cluster(ONE, tmp_path, slurm, slices)
     local = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path / "local"),
              "--jobs", "1", "--threads", "1"]  # fmt: skip
     for argv in (local, cmd):
@@ -483,15 +523,13 @@ def test_a_run_on_slurm_is_the_local_run_and_its_report_needs_no_controller(slur
     os.kill(controller, signal.SIGTERM)
     try:
         wait_for(lambda: not Path(f"/proc/{controller}").exists())
-        cached = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=env)
-        assert cached.returncode == 0 and "[sweep s] 1/1 done (1 cached)" in cached.stdout, cached.stderr[-3000:]
-        assert "submitted" not in cached.stdout and not cached.stderr.strip(), cached.stderr[-3000:]
-        more = subprocess.run(cmd + ["--max-update", "5"], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
-                              env=env)  # fmt: skip
-        err = more.stderr.strip().splitlines()
-        assert more.returncode == 2 and len(err) == 1, more.stderr[-3000:]
+        code, cached, err = in_process(cmd, env, monkeypatch, capsys)
+        assert code == 0 and "[sweep s] 1/1 done (1 cached)" in cached, err[-3000:]
+        assert "submitted" not in cached and not err.strip(), err[-3000:]
+        code, line = refused(capsys, cmd[cmd.index(str(spec)) :] + ["--max-update", "5"])
+        assert code == 2, line
         assert re.fullmatch(r"sweep: error: --executor slurm: the Slurm controller does not answer \(sinfo: .*\)",
-                            err[0]), err[0]  # fmt: skip
+                            line), line  # fmt: skip
     finally:
         subprocess.run(["bash", str(CLUSTER), "start"], check=True, capture_output=True, timeout=600)
 
@@ -504,20 +542,20 @@ tasks: [RTE]
 methods: [lora]
 lrs: recipe
 seeds: [1, 2]
-max_update: 8
-args: [--total-batch, 8, --save-interval-updates, 2, --validate-interval-updates, 8]
+max_update: 6
+args: [--total-batch, 8, --save-interval-updates, 2, --validate-interval-updates, 6]
 """
 SEED1, SEED2 = "RTE.lora.lr-recipe.seed1", "RTE.lora.lr-recipe.seed2"
 
 
 @pytest.mark.slow
-def test_progress_counts_held_tasks_as_left_and_a_cancelled_run_resumes(slurm, glue_slices, standin_model, tmp_path,
+def test_progress_counts_held_tasks_as_left_and_a_cancelled_run_resumes(slurm, slices, standin_model, tmp_path,
                                                                         monkeypatch, capsys):  # fmt: skip
     """2 runs, one array task at a time: the held task is left, not running; the running run gets its heartbeat
     line, and the eta comes from the finished run. The second run, cancelled with scancel once it saved a
     checkpoint, is reported cancelled at its update; the same command resumes it there."""
-    spec, work, cmd, env = on_the_cluster(TWO, tmp_path, slurm, glue_slices, "--array-parallelism", "1")
-    monkeypatch.setenv("GLUE_DIR", str(glue_slices))
+    spec, work, cmd, env = on_the_cluster(TWO, tmp_path, slurm, slices, "--array-parallelism", "1")
+    monkeypatch.setenv("GLUE_DIR", str(slices))
     init = sweep.SweepProgress.__init__  # the heartbeat after 1 s of silence, not a minute: the runs are short
     monkeypatch.setattr(sweep.SweepProgress, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "every": 1}))
     argv = cmd[cmd.index(str(spec)) :]
@@ -547,4 +585,4 @@ def test_progress_counts_held_tasks_as_left_and_a_cancelled_run_resumes(slurm, g
     assert sweep.main(argv) == 0
     assert "[sweep two] 2/2 done (1 cached)" in capsys.readouterr().out
     log = (work / "sweeps" / "two" / "logs" / f"{SEED2}.log").read_text()
-    assert re.search(rf"resuming from \S+ at update {found.group(1)} of 8", log), log[-3000:]
+    assert re.search(rf"resuming from \S+ at update {found.group(1)} of 6", log), log[-3000:]
