@@ -7,6 +7,7 @@ trainer inherits it from run.sh."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +19,15 @@ import torch
 from run_support import alive, children, finish, start, trained, write_slice
 
 from fairseq_idpg import run as main_job
+from fairseq_idpg.layout import bpe_args, data_folder
 from fairseq_idpg.run.execution import RUN_LOCK
+from fairseq_idpg.run.prepared import prepare_if_needed
 
 REPO = Path(__file__).resolve().parents[1]
-# 40 updates of 8 on 64 SST-2 sentences, validated and saved at 20 and 40 (a kill after 20 leaves 20 to resume)
-LONGER = ["--max-update", "40", "--validate-interval-updates", "20"]
+# 20 updates of 8 on 64 SST-2 sentences (one epoch = 8 updates), validated and saved at 10 and 20 (and at each
+# epoch's end): a kill after 10 leaves 10 to resume, from the middle of the second epoch
+UPDATES, HALF = 20, 10
+LONGER = ["--max-update", str(UPDATES), "--validate-interval-updates", str(HALF)]
 
 
 def lock_is_free(folder):
@@ -66,7 +71,7 @@ def test_a_trainer_that_outlives_its_killed_launcher_keeps_the_run_folder_locked
     assert lock_is_free(folder)
 
 
-def kill_after_first_checkpoint(proc, folder_glob, work, update=20, runs=1):
+def kill_after_first_checkpoint(proc, folder_glob, work, update=HALF, runs=1):
     """Wait for the checkpoint at ``update`` of ``runs`` runs, kill -9 ``proc`` alone (not its group), and
     check that every process under it is gone within 10 s. Returns their pids."""
     deadline, family = time.time() + 600, []
@@ -98,15 +103,15 @@ def descendants(pid):
 
 def assert_resumed_as_named(rerun_out, train_log):
     """The rerun announced the update it resumes from, and fairseq-train loaded that one; one trainer."""
-    named = re.findall(r"resuming from \S+ at update (\d+) of 40", rerun_out)
-    assert named and int(named[-1]) >= 20, rerun_out[-3000:]
+    named = re.findall(rf"resuming from \S+ at update (\d+) of {UPDATES}", rerun_out)
+    assert named and int(named[-1]) >= HALF, rerun_out[-3000:]
     last_start = train_log.rsplit("scripts/run.sh", 1)[1]  # what the rerun's trainer logged
     loaded = re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", last_start)
     assert loaded == [named[-1]], loaded
     assert len(re.findall(r"^\+ \S*fairseq-train ", rerun_out, re.M)) == 1
 
 
-def assert_same_run(folder, reference, updates=40, points=(20, 40)):
+def assert_same_run(folder, reference, updates=UPDATES, points=(HALF, UPDATES)):
     """The resumed run's record and trained tensors equal the uninterrupted run's, curve point for point."""
     ours, theirs = (json.loads((f / "results.json").read_text()) for f in (folder, reference))
     assert ours["results"] == theirs["results"]
@@ -118,18 +123,37 @@ def assert_same_run(folder, reference, updates=40, points=(20, 40)):
 
 
 @pytest.fixture(scope="module")
-def sst2(shared_data, tmp_path_factory):
-    """The SST-2 slice (64 train, 16 dev rows) and the run folder of an uninterrupted run of LONGER."""
-    root = tmp_path_factory.mktemp("uninterrupted")
+def sst2_raw(shared_data, standin_model, tmp_path_factory):
+    """The SST-2 slice (64 train, 16 dev rows) and a work folder where it is prepared for the stand-in."""
+    root = tmp_path_factory.mktemp("sst2-prepared")
     raw = write_slice(root / "glue" / "SST-2", shared_data / "glue" / "SST-2", {"train.tsv": 64, "dev.tsv": 16})
+    prepare_if_needed("SST-2", raw, data_folder(root, "standin", "SST-2"), bpe_args(standin_model, model="standin"))
+    return raw, root
+
+
+def prepared(work, sst2_raw):
+    """``work`` with the slice's prepared data, which run.sh and the sweep use as it is (the same provenance: the
+    raw files, the BPE), so that each run here starts at its training; returns the raw folder."""
+    raw, root = sst2_raw
+    shutil.copytree(root / "data-bin", work / "data-bin")
+    return raw
+
+
+@pytest.fixture(scope="module")
+def sst2(sst2_raw, tmp_path_factory):
+    """The SST-2 slice and the run folder of an uninterrupted run of LONGER."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    raw = prepared(root, sst2_raw)
     finish(start(root, raw, *LONGER, log=root / "run.out"), root / "run.out")
     (folder,) = main_job.find_runs(root, "standin", "SST-2", "lora")
     return raw, folder
 
 
 @pytest.mark.slow
-def test_a_killed_run_sh_takes_its_trainer_with_it_and_the_rerun_resumes_exactly(sst2, standin_model, tmp_path):
+@pytest.mark.xdist_group("killed-reference")  # one worker: the uninterrupted run trains once
+def test_a_killed_run_sh_takes_its_trainer_with_it_and_the_rerun_resumes_exactly(sst2, sst2_raw, tmp_path):
     raw, reference = sst2
+    prepared(tmp_path, sst2_raw)
     proc = start(tmp_path, raw, *LONGER, log=tmp_path / "killed.out")
     kill_after_first_checkpoint(proc, "checkpoints/standin/SST-2/lora/*", tmp_path)
     out = finish(start(tmp_path, raw, *LONGER, log=tmp_path / "resumed.out"), tmp_path / "resumed.out")
@@ -146,14 +170,16 @@ tasks: [SST-2]
 methods: [lora]
 lrs: [2.0e-4]
 seeds: [1]
-max_update: 40
-args: [--total-batch, 8, --validate-interval-updates, 20]
-"""
+max_update: UPDATES
+args: [--total-batch, 8, --validate-interval-updates, HALF]
+""".replace("UPDATES", str(UPDATES)).replace("HALF", str(HALF))
 
 
 @pytest.mark.slow
-def test_a_killed_sweep_takes_its_slots_run_and_trainer_with_it_and_the_rerun_resumes(sst2, standin_model, tmp_path):
+@pytest.mark.xdist_group("killed-reference")  # one worker: the uninterrupted run trains once
+def test_a_killed_sweep_takes_its_slots_run_and_trainer_with_it_and_the_rerun_resumes(sst2, sst2_raw, tmp_path):
     raw, reference = sst2
+    prepared(tmp_path, sst2_raw)
     spec = tmp_path / "killed.yaml"
     spec.write_text(SPEC)
     cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(spec), "--work-dir", str(tmp_path)]
@@ -186,9 +212,9 @@ methods:
   - {label: lora-again, method: lora, args: [--keep-interval-updates, 9]}
 lrs: [2.0e-4, 1.0e-4]
 seeds: [1]
-max_update: 40
-args: [--total-batch, 8, --validate-interval-updates, 20]
-"""
+max_update: UPDATES
+args: [--total-batch, 8, --validate-interval-updates, HALF]
+""".replace("UPDATES", str(UPDATES)).replace("HALF", str(HALF))
 
 
 def fused_sweep(raw, work):
@@ -206,13 +232,13 @@ def fused_sweep(raw, work):
 
 
 @pytest.mark.slow
-def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(sst2, standin_model, tmp_path):
-    """kill -9 of a sweep training a group (one process for two runs) once both saved update 20: the same
+def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(sst2_raw, tmp_path):
+    """kill -9 of a sweep training a group (one process for two runs) once both saved update HALF: the same
     command resumes each member from its own checkpoint and ends with the record and trained tensors of the
     same runs trained together without interruption (the sweep's second group)."""
-    sweep = fused_sweep(sst2[0], tmp_path)
+    sweep = fused_sweep(prepared(tmp_path, sst2_raw), tmp_path)
     killed = sweep(tmp_path / "killed.out")
-    family = kill_after_first_checkpoint(killed, "checkpoints/standin/SST-2/lora/*", tmp_path, update=20, runs=2)
+    family = kill_after_first_checkpoint(killed, "checkpoints/standin/SST-2/lora/*", tmp_path, update=HALF, runs=2)
     assert len(family) == 1, family  # the slot's group, which trains its members itself: one process from the sweep
     out = finish(sweep(tmp_path / "resumed.out"), tmp_path / "resumed.out")
     assert "[sweep killed-fused] 4/4 done" in out, out[-3000:]
@@ -223,23 +249,21 @@ def test_a_killed_fused_sweep_takes_its_group_with_it_and_every_member_resumes(s
     assert len(runs) == 4 and len(killed) == len(again) == 2, {f.name: logs[f].count("# trained") for f in runs}
     for folder in killed:
         loaded = re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", logs[folder])
-        assert loaded == ["20"], (folder.name, loaded)
+        assert loaded == [str(HALF)], (folder.name, loaded)
         (reference,) = (f for f in again if f.name.rsplit(".", 1)[0] == folder.name.rsplit(".", 1)[0])
         assert json.loads((folder / "results.json").read_text())["fused_with"]
-        assert_same_run(folder, reference, updates=40, points={20, 40})
+        assert_same_run(folder, reference)
 
 
 @pytest.mark.slow
-def test_a_fused_sweep_stops_its_group_within_10_s_of_a_sigterm_and_the_rerun_resumes_every_member(
-    sst2, standin_model, tmp_path
-):
+def test_a_fused_sweep_stops_its_group_within_10_s_of_a_sigterm_and_the_rerun_resumes_every_member(sst2_raw, tmp_path):
     """SIGTERM to a sweep training a group (as a scheduler or ``kill`` sends it), once both members saved update
-    20: the sweep and every process under it end within 10 s (the group's members are threads of its one process,
+    HALF: the sweep and every process under it end within 10 s (the group's members are threads of its one process,
     stopped where they are, no member's fairseq-validate started), exit 130; the same command resumes each member
-    from its own checkpoint_last.pt at update 20 and records all four runs."""
-    sweep = fused_sweep(sst2[0], tmp_path)
+    from its own checkpoint_last.pt at update HALF and records all four runs."""
+    sweep = fused_sweep(prepared(tmp_path, sst2_raw), tmp_path)
     stopped = sweep(tmp_path / "stopped.out")
-    saved = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ 20 updates")
+    saved = re.compile(rf"Saved checkpoint \S+ \(epoch \d+ @ {HALF} updates")
     deadline, family = time.time() + 600, []
     while stopped.poll() is None and time.time() < deadline:
         logs = list(tmp_path.glob("checkpoints/standin/SST-2/lora/*/train.log"))
@@ -247,7 +271,7 @@ def test_a_fused_sweep_stops_its_group_within_10_s_of_a_sigterm_and_the_rerun_re
             family = descendants(stopped.pid)
             break
         time.sleep(0.2)
-    assert family, f"no group saved update 20 (exit {stopped.poll()})"
+    assert family, f"no group saved update {HALF} (exit {stopped.poll()})"
     try:
         sent = time.time()
         stopped.send_signal(signal.SIGTERM)
@@ -269,5 +293,5 @@ def test_a_fused_sweep_stops_its_group_within_10_s_of_a_sigterm_and_the_rerun_re
     for folder in stopped_runs:
         log = (folder / "train.log").read_text()
         loaded = re.findall(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", log)
-        assert loaded == ["20"], (folder.name, loaded)
+        assert loaded == [str(HALF)], (folder.name, loaded)
         assert json.loads((folder / "results.json").read_text())["fused_with"]

@@ -369,7 +369,7 @@ def smoke(glue_slices, tmp_path_factory):
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     deadline = time.time() + 900
     while len(records_of(records)) < 2 and first.poll() is None and time.time() < deadline:
-        time.sleep(1)
+        time.sleep(0.2)
     first.send_signal(signal.SIGTERM)
     first_out = first.communicate(timeout=300)[0]
     done_first = {p: p.stat().st_mtime_ns for p in records_of(records)}
@@ -448,14 +448,17 @@ def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
-def test_a_second_sweep_skips_a_run_another_process_trains(smoke, tmp_path):
+def test_a_second_sweep_skips_a_run_another_process_trains(smoke, tmp_path, monkeypatch, capsys):
     """Two sweeps over one spec: a run whose folder another process holds (its lock, as a sweep's run.py
     holds it while training) is skipped and said so, not trained twice and not listed as failed."""
-    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", str(smoke["spec"]), "--work-dir", str(smoke["work"])]
-    cmd += ["--tasks", "SST-2", "--methods", "lora", "--seeds", "1", "--max-update", "2", "--records", str(tmp_path)]
-    dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, timeout=300, cwd=REPO, env=smoke["env"])
-    folders = re.findall(r"^SST-2 .* 2 updates  -> (\S+)$", dry.stdout, flags=re.M)
-    assert len(folders) == 2, dry.stdout[-3000:]  # lr 1e-3 and 1e10 (diverges), 2 updates: not run by the smoke sweep
+    args = [str(smoke["spec"]), "--work-dir", str(smoke["work"]), "--tasks", "SST-2", "--methods", "lora"]
+    args += ["--seeds", "1", "--max-update", "2", "--records", str(tmp_path)]
+    cmd = [sys.executable, "-m", "fairseq_idpg.sweep", *args]
+    monkeypatch.setenv("GLUE_DIR", smoke["env"]["GLUE_DIR"])
+    assert sweep.main([*args, "--dry-run"]) == 0  # the plan, in this process: the run folders' names
+    dry = capsys.readouterr().out
+    folders = re.findall(r"^SST-2 .* 2 updates  -> (\S+)$", dry, flags=re.M)
+    assert len(folders) == 2, dry[-3000:]  # lr 1e-3 and 1e10 (diverges), 2 updates: not run by the smoke sweep
     held = Path(folders[0])
     held.mkdir(parents=True)
     with held_by_another_process(held):

@@ -76,14 +76,16 @@ def run_folders(work):
 # ---------------------------------------------------------------------------------------- a dry run before the data
 @pytest.fixture(scope="module")
 def swept(sst2_lines, standin_model, tmp_path_factory):  # noqa: F811
-    """The sweep's and run.sh's dry runs in an empty work folder, then the sweep, then its dry run again."""
+    """The sweep's and run.sh's dry runs in an empty work folder, then the sweep (its two runs trained together,
+    --fuse 2: one process, the names and records of the runs alone, as tests/test_sweep_fused.py checks), then its
+    dry run again."""
     root = tmp_path_factory.mktemp("edges")
     spec, work = write_spec(root, SPEC), root / "work"
     env = {**os.environ, "GLUE_DIR": str(sst2_lines)}
     first = sh(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
     run_sh = sh(RUN_SH, *RUN, "--seed", "2", "--work-dir", work, "--dry-run", env=env)
     written = sorted(root.rglob("*"))
-    done = sh(SWEEP_SH, spec, "--work-dir", work, "--jobs", "2", env=env, timeout=1500)
+    done = sh(SWEEP_SH, spec, "--work-dir", work, "--fuse", "2", env=env, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     again = sh(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
     return SimpleNamespace(root=root, spec=spec, work=work, env=env, first=first, run_sh=run_sh, written=written,
