@@ -6,6 +6,7 @@ copy of a finished run (its cached result, no lock taken). Finished runs are wri
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,14 +27,26 @@ def argv_of(work, seed=1):
     return ["RTE", "--method", "prompt-tuning-5", "--max-update", "4", "--seed", str(seed), "--work-dir", str(work)]
 
 
+@pytest.fixture(scope="module")
+def prepared_work(glue_slices, standin_model, tmp_path_factory):
+    """A work folder with RTE's slice prepared (the planning's one slow step), made once: each test copies it."""
+    work = tmp_path_factory.mktemp("damaged") / "work"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GLUE_DIR", str(glue_slices))
+        main_job.plan(main_job.parse_args(argv_of(work)), log=main_job.quiet)  # prepares the data
+    return work
+
+
 @pytest.fixture
-def finished(glue_slices, standin_model, tmp_path, monkeypatch):
-    """Two finished runs (seeds 1 and 2) of a work folder with prepared data: {seed: run folder}."""
+def finished(prepared_work, glue_slices, tmp_path, monkeypatch):
+    """Two finished runs (seeds 1 and 2) of a work folder with prepared data (a copy of ``prepared_work``):
+    {seed: run folder}."""
     monkeypatch.setenv("GLUE_DIR", str(glue_slices))
     work = tmp_path / "work"
+    shutil.copytree(prepared_work, work)
     folders = {}
     for seed in (1, 2):
-        p = main_job.plan(main_job.parse_args(argv_of(work, seed)), log=main_job.quiet)  # prepares the data
+        p = main_job.plan(main_job.parse_args(argv_of(work, seed)), log=main_job.quiet)  # finds the data prepared
         folders[seed] = write_finished_run(p.folder, p.config, task="RTE", method="prompt-tuning-5", dev=60.0 + seed)
     return work, folders
 

@@ -201,9 +201,9 @@ def test_sts_b_is_refused_in_one_line(shared_data, standin_model, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- end to end (slow)
-# the stand-in's smoke budget for this test: 60 updates of 16 examples at lr 1e-4, validated once at the end
-# (measured: dev accuracy 75.1; chance 50.9)
-BUDGET = ["--max-update", "60", "--total-batch", "16", "--lr", "1e-4", "--validate-interval-updates", "60"]
+# the stand-in's smoke budget for this test: 30 updates of 16 examples at lr 2e-4, validated once at the end
+# (measured: dev accuracy 71.9, 70.9 for seeds 1, 2; 75.1 after 60 updates at 1e-4; chance 50.9)
+BUDGET = ["--max-update", "30", "--total-batch", "16", "--lr", "2e-4", "--validate-interval-updates", "30"]
 # fairseq-train's dev accuracy in train.log: --log-format json, then simple
 VALID_ACCURACY = (r'"valid_accuracy": "([0-9.]+)"', r"valid on 'valid' subset \|.*?\| accuracy ([0-9.]+)")
 

@@ -33,6 +33,10 @@ def proof(tmp_path, *flags, timeout=900):
     return run, out, doc
 
 
+# the tests of cpu_run run on one pytest-xdist worker, so that it is built once (29 s)
+SHARES_CPU_RUN = pytest.mark.xdist_group("gpu-proof-cpu-run")
+
+
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     """Every part once, at the CPU's tiny size: the fused part for one method (its groups at K = 3 and 2), the
@@ -44,6 +48,7 @@ def cpu_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@SHARES_CPU_RUN
 def test_every_part_runs_on_the_cpu_and_the_json_holds_it(cpu_run):
     text, data, _ = cpu_run
     assert "no CUDA device: every part runs on the CPU at a tiny size" in text
@@ -88,6 +93,7 @@ def test_every_part_runs_on_the_cpu_and_the_json_holds_it(cpu_run):
 
 
 @pytest.mark.slow
+@SHARES_CPU_RUN
 def test_a_part_over_its_budget_is_cut_and_says_so(cpu_run):
     text, data, _ = cpu_run
     updates = data["parts"]["updates"]
@@ -100,6 +106,7 @@ def test_a_part_over_its_budget_is_cut_and_says_so(cpu_run):
 
 
 @pytest.mark.slow
+@SHARES_CPU_RUN
 def test_the_regenerated_tables_are_the_jsons(cpu_run):
     _, data, doc = cpu_run
     text = doc.read_text()
