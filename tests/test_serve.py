@@ -145,15 +145,22 @@ def test_wrong_route_or_method_is_a_4xx(served):
     assert httpx.get(f"{url}/nothing", timeout=30).status_code == 404
 
 
-def test_the_command_refuses_a_bad_task_in_one_line(served, tmp_path):
+def test_the_command_refuses_a_bad_task_in_one_line(served, tmp_path, capsys):
+    """Through the command's ``main`` in this process (the same parser and checks; a process start costs ~5 s of
+    imports): test_serve_faults.py starts the command for a start-up mistake, and test_the_command_serves to serve."""
+    from fairseq_idpg.serve.__main__ import main
+
     _, model, runs = served
-    command = [sys.executable, "-m", "fairseq_idpg.serve", "--backbone", model.backbone, "--bpe", "wordpiece"]
+    command = ["--backbone", model.backbone, "--bpe", "wordpiece"]
     for task, error in (
         ("sst2", "--task sst2: expected NAME=PATH"),
         (f"x={tmp_path / 'gone'}", f"task x: {tmp_path / 'gone'}: no such run folder or checkpoint file"),
     ):
-        out = subprocess.run(command + ["--task", task], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].endswith(f"error: {error}"), out.stderr
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            main(command + ["--task", task])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and err.strip().splitlines()[-1].endswith(f"error: {error}"), err
 
 
 @pytest.mark.slow

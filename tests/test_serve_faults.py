@@ -1,8 +1,11 @@
 """The service under bad start-up flags and hostile requests, through the command users run
 (``python -m fairseq_idpg.serve`` in its own process, real HTTP): a start-up mistake is one line and exit 2
-before any model loads; every error response is ``{"error": ...}`` and a 4xx, never a 500; the body limit holds
-while the body is still arriving; the log is a line per task. Tiny runs (tests/multitask_support.py)."""
+before any model loads (the busy port in a process of its own, the other mistakes through the command's ``main``
+in this process: the message is the point, and each process start costs ~5 s of imports); every error response
+is ``{"error": ...}`` and a 4xx, never a 500; the body limit holds while the body is still arriving; the log is a
+line per task. Tiny runs (tests/multitask_support.py)."""
 
+import contextlib
 import json
 import re
 import socket
@@ -72,10 +75,21 @@ def junk(tmp_path):
     return [sys.executable, "-m", "fairseq_idpg.serve", "--backbone", str(tmp_path / "backbone.pt")]
 
 
-def refused(argv, tmp_path):
-    """The command's one stderr line; it exits 2, writes nothing else and leaves its folder as it was."""
+def refused(argv, tmp_path, capsys=None):
+    """The command's one stderr line; it exits 2, writes nothing else and leaves its folder as it was. With
+    ``capsys``: the command's ``main`` in this process (the same parser and checks), in ``tmp_path`` as its cwd."""
     before = sorted(tmp_path.rglob("*"))
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    if capsys is None:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    else:
+        from fairseq_idpg.serve.__main__ import main
+
+        assert argv[1:3] == ["-m", "fairseq_idpg.serve"], argv
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited, contextlib.chdir(tmp_path):
+            main(argv[3:])
+        said = capsys.readouterr()
+        out = subprocess.CompletedProcess(argv, exited.value.code, said.out, said.err)
     assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out
     assert sorted(tmp_path.rglob("*")) == before
     return out.stderr.rstrip("\n")
@@ -92,18 +106,19 @@ def test_a_busy_port_is_one_line_before_any_model_loads(junk, tmp_path):
 
 
 @pytest.mark.parametrize("port", ["-5", "65536", "http"])
-def test_a_port_that_is_no_port_is_one_line(junk, tmp_path, port):
-    line = refused(junk + ["--task", f"a={tmp_path / 'run'}", "--port", port], tmp_path)
+def test_a_port_that_is_no_port_is_one_line(junk, tmp_path, capsys, port):
+    line = refused(junk + ["--task", f"a={tmp_path / 'run'}", "--port", port], tmp_path, capsys)
     assert line == f"{PROG}: error: argument --port: {port}: expected a port number, 0 to 65535 (0: a free port)"
 
 
-def test_a_missing_task_data_folder_is_named_in_one_line(junk, tmp_path):
+def test_a_missing_task_data_folder_is_named_in_one_line(junk, tmp_path, capsys):
     gone = tmp_path / "data" / "gone"
-    line = refused(junk + ["--task", f"a={tmp_path / 'run'}", "--task-data", f"a={gone}", "--port", "0"], tmp_path)
+    argv = junk + ["--task", f"a={tmp_path / 'run'}", "--task-data", f"a={gone}", "--port", "0"]
+    line = refused(argv, tmp_path, capsys)
     assert line == f"{PROG}: error: --task-data a={gone}: no such folder"
 
 
-def test_start_up_mistakes_are_one_line_without_the_usage_block(junk, tmp_path):
+def test_start_up_mistakes_are_one_line_without_the_usage_block(junk, tmp_path, capsys):
     run = f"a={tmp_path / 'run'}"
     for argv, error in (
         ([], "the following arguments are required: --task"),
@@ -114,8 +129,8 @@ def test_start_up_mistakes_are_one_line_without_the_usage_block(junk, tmp_path):
         (["--task", run, "--max-batch-rows", "0"], "--max-wait-ms must be >= 0, --max-batch-rows and --max-request-rows >= 1"),  # noqa: E501
         (["--task", run, "--wordpiece-vocab", "nowhere.txt"], "--wordpiece-vocab nowhere.txt: no such file"),
     ):  # fmt: skip
-        assert refused(junk + argv + ["--port", str(free_port())], tmp_path) == f"{PROG}: error: {error}"
-    line = refused(junk[:-1] + ["gone.pt", "--task", run], tmp_path)
+        assert refused(junk + argv + ["--port", str(free_port())], tmp_path, capsys) == f"{PROG}: error: {error}"
+    line = refused(junk[:-1] + ["gone.pt", "--task", run], tmp_path, capsys)
     assert line == f"{PROG}: error: --backbone gone.pt: no such file"
 
 
