@@ -684,7 +684,7 @@ def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatc
     plan = types.SimpleNamespace(
         folder=tmp_path / "run", request=types.SimpleNamespace(restart=False, model="standin", method="lora", seed=1),
         config={"updates": 4, "batch": 16, "lr": 1e6, "metric": "accuracy", "select_on": "valid", "layout": None},
-        task="RTE", timings={}, start=time.time(), argv=["RTE", "--lr", "1e6"],
+        task="RTE", timings={}, start=time.time(), argv=["RTE", "--lr", "1e6"], memory=None,
     )  # fmt: skip
 
     def diverging_train(p, lock=None):
