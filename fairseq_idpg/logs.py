@@ -76,13 +76,11 @@ def training_speed(text: str):
     """Seconds per update of a fairseq-train log: the median over its ``train_inner`` lines of 1 / ``ups`` (fairseq's
     updates per second over each log interval, 2 decimals): the intervals that hold a start, a resume or a
     validation are the slow few the median leaves out. None without a line of nonzero ``ups``."""
-    rates = sorted(e.stats["ups"] for e in read_log(text) if e.tag == "train_inner"
-                   and isinstance(e.stats.get("ups"), (int, float)) and e.stats["ups"] > 0)  # fmt: skip
-    if not rates:
-        return None
-    middle = len(rates) // 2
-    rate = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
-    return 1 / rate
+    import statistics
+
+    rates = [e.stats["ups"] for e in read_log(text) if e.tag == "train_inner"
+             and isinstance(e.stats.get("ups"), (int, float)) and e.stats["ups"] > 0]  # fmt: skip
+    return 1 / statistics.median(rates) if rates else None
 
 
 def least_free_gb(text: str):

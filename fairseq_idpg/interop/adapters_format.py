@@ -54,6 +54,7 @@ import torch
 from fairseq_idpg.errors import ConfigError, NotExpressible
 from fairseq_idpg.files import read_json, read_tensors, save_torch, write_json
 from fairseq_idpg.interop.peft_format import HEAD_KEY, LAYER_KEY, active_blocks, check_sizes, describe
+from fairseq_idpg.modules.adapters.bottleneck import ACTIVATIONS
 
 CONFIG, WEIGHTS = "adapter_config.json", "pytorch_adapter.bin"
 SAFE_WEIGHTS = "adapter.safetensors"  # what save_adapter(use_safetensors=True) writes instead
@@ -327,9 +328,10 @@ def import_settings(config, dim, folder):
                 overrides["--compacter-rank"] = b.get("phm_rank", 1)
                 method = "compacter"
             else:
-                if b.get("non_linearity") not in ("relu", "gelu"):
+                if b.get("non_linearity") not in ACTIVATIONS:
                     raise NotExpressible(
-                        f"{folder}: an adapter with non_linearity {b.get('non_linearity')!r}: ours has relu or gelu"
+                        f"{folder}: an adapter with non_linearity {b.get('non_linearity')!r}: ours has "
+                        f"{' or '.join(ACTIVATIONS)}"
                     )
                 overrides.update({"--adapter": "houlsby", "--adapter-activation": b["non_linearity"]})
                 method = "houlsby-adapter"
