@@ -94,13 +94,16 @@ def bpe_encoding(bpe):
     return {"bpe": bpe[1], "bpe_dir" if bpe[1] == "gpt2" else "vocab": str(bpe[3])}
 
 
-def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=1):
-    """``WORK/data-bin/<model>/<TASK>``; sampled data gets its own folder (``RTE.few-shot100.seed3``)."""
+def data_folder(work, name, task, few_shot=None, dev_from_train=None, data_seed=1, split_dev=False):
+    """``WORK/data-bin/<model>/<TASK>``; sampled data gets its own folder (``RTE.few-shot100.seed3``,
+    ``RTE.dev500.seed3``, ``RTE.split-dev.seed3``)."""
     base = Path(work) / "data-bin" / name
     if few_shot is not None:
         return base / f"{task}.few-shot{few_shot}.seed{data_seed}"
     if dev_from_train is not None:
         return base / f"{task}.dev{dev_from_train}.seed{data_seed}"
+    if split_dev:
+        return base / f"{task}.split-dev.seed{data_seed}"
     return base / task
 
 

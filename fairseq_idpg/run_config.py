@@ -99,8 +99,13 @@ class RunConfig:
                                      check=POSITIVE,
                                      excludes=("dev_from_train", "few-shot samples its own dev set"))
     dev_from_train: Optional[int] = option(None, "hold out N train examples as the dev set", metavar="N",
-                                           check=POSITIVE)
-    data_seed: int = option(1, "seed of --few-shot / --dev-from-train (default 1)", check=NON_NEGATIVE)
+                                           check=POSITIVE,
+                                           excludes=("split_dev", "--dev-from-train samples its dev set from train"))
+    split_dev: bool = option(False, "split each dev set in half: one half selects the checkpoint, the other is "
+                             "scored (test; ReFT's GLUE protocol)",
+                             excludes=("few_shot", "--few-shot samples its dev set from train"))
+    data_seed: int = option(1, "seed of --few-shot / --dev-from-train / --split-dev (default 1)",
+                            check=NON_NEGATIVE)
     lr: Optional[float] = option(None, "learning rate", "budget", check=POSITIVE)
     head_lr: Optional[float] = option(None, "the classification head's own learning rate (default: the recipe's, "
                                       "else --lr for all); the lr schedule scales both alike", "budget",
@@ -244,12 +249,13 @@ class RunConfig:
         """The request that makes the run of a ``config.json`` again (explicit lr, batch, budget and
         device layout, so a later recipe default does not change it); ``run``: work_dir, raw, ..."""
         provenance = config["data"]["provenance"] or {}
-        sampled = provenance.get("few_shot") is not None or provenance.get("dev_from_train") is not None
+        split_dev = bool(provenance.get("split_dev"))
+        sampled = provenance.get("few_shot") is not None or provenance.get("dev_from_train") is not None or split_dev
         budget = {"epochs": config["epochs"]} if config["epochs"] is not None else {"max_update": config["updates"]}
         added = {f.name: config[f.name] for f, _ in cls.options() if f.metadata["config"] and f.name in config}
         return cls(
             task=config["task"], method=config["method"]["name"], model=config["model"]["name"], seed=config["seed"],
-            few_shot=provenance.get("few_shot"), dev_from_train=provenance.get("dev_from_train"),
+            few_shot=provenance.get("few_shot"), dev_from_train=provenance.get("dev_from_train"), split_dev=split_dev,
             data_seed=provenance["seed"] if sampled else 1, lr=config["lr"], head_lr=config.get("head_lr"),
             total_batch=config["batch"], **budget,
             nproc=config["layout"]["nproc"], batch_size=config["layout"]["batch_size"],

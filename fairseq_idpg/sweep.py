@@ -21,7 +21,8 @@ A specification is a YAML file (``examples/*/``)::
     head_lrs: [5.0e-3, 1.0e-3]        # optional: the classification head's own lrs (--head-lr), a grid beside lrs
     seeds: [1, 2, 3, 4, 5]
     budget: full                      # or {few_shot: [100, 500, 1000], data_seed: seed} or {dev_from_train: N};
-                                      # few_shot may name K per task: {default: 1000, CR: 775}
+                                      # few_shot may name K per task: {default: 1000, CR: 775};
+                                      # or {split_dev: true}: each dev set halved, one half selects, one scored
     max_update: 300                   # optional: every run's updates (smoke versions)
     args: []                          # optional: fairseq-train flags for every run
 

@@ -17,7 +17,8 @@ from fairseq_idpg.run_config import RunConfig, RunError, canonical_task
 SPEC_KEYS = {"name", "description", "model", "published", "tasks", "methods", "lrs", "seeds", "budget"}
 SPEC_KEYS |= {"max_update", "args", "head_lrs"}
 VARIANT_KEYS = {"label", "method", "args", "lrs", "head_lrs", "seeds", "tasks", "max_update"}
-BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train"}
+BUDGET_KEYS = {"few_shot", "data_seed", "dev_from_train", "split_dev"}
+SPLIT_DEV = "split-dev"  # the budget's name of ``split_dev: true`` in records and tables
 
 
 # ---------------------------------------------------------------------------------------- the specification
@@ -37,12 +38,14 @@ class Run:
 
     @property
     def budget(self):
-        """The budget's name in records and tables: full, K=<k>, dev<N> (or the spec's per-task name)."""
+        """The budget's name in records and tables: full, K=<k>, dev<N>, split-dev (or the spec's per-task name)."""
         if self.table_budget:
             return self.table_budget
         if self.few_shot is not None:
             return few_shot_budget(self.few_shot)
-        return f"dev{self.dev_from_train}" if self.dev_from_train is not None else "full"
+        if self.dev_from_train is not None:
+            return f"dev{self.dev_from_train}"
+        return SPLIT_DEV if self.split_dev else "full"
 
     @property
     def name(self):
@@ -50,8 +53,10 @@ class Run:
         lr += f".headlr{format_lr(self.head_lr)}" if self.head_lr is not None else ""
         if self.few_shot is not None:
             data = f"K={self.few_shot}.data{self.data_seed}."
+        elif self.dev_from_train is not None:
+            data = f"dev{self.dev_from_train}.data{self.data_seed}."
         else:
-            data = f"dev{self.dev_from_train}.data{self.data_seed}." if self.dev_from_train is not None else ""
+            data = f"{SPLIT_DEV}.data{self.data_seed}." if self.split_dev else ""
         return f"{self.task}.{self.label}.{data}{lr}.seed{self.seed}"
 
     def request(self, model, work_dir, dry_run=False):
@@ -237,15 +242,18 @@ def _read_spec(path):
 
 
 def _budgets(budget, tasks, path):
-    """``budgets(task, where)``: a task's data budgets, [{few_shot, dev_from_train, data_seed ("seed": the
-    run's), name}]."""
+    """``budgets(task, where)``: a task's data budgets, [{few_shot, dev_from_train, split_dev, data_seed ("seed":
+    the run's), name}]."""
     if budget == "full":
         return lambda task, where: [{}]
     if not isinstance(budget, dict):
-        raise SweepError(f"{path}: budget {budget!r}; valid: full, or a mapping with few_shot or dev_from_train")
+        raise SweepError(
+            f"{path}: budget {budget!r}; valid: full, or a mapping with few_shot, dev_from_train or split_dev"
+        )
     _unknown(budget, BUDGET_KEYS, f"{path}: budget")
-    if "few_shot" in budget and "dev_from_train" in budget:
-        raise SweepError(f"{path}: budget: few_shot and dev_from_train exclude each other")
+    given = [key for key in ("few_shot", "dev_from_train", "split_dev") if key in budget]
+    if len(given) > 1:
+        raise SweepError(f"{path}: budget: {' and '.join(given)} exclude each other")
     data_seed = budget.get("data_seed", "seed")
     if data_seed != "seed":
         _list(data_seed, f"{path}: budget.data_seed", int, least=0)
@@ -261,7 +269,13 @@ def _budgets(budget, tasks, path):
     if "dev_from_train" in budget:
         _list(budget["dev_from_train"], f"{path}: budget.dev_from_train", int, least=1)
         return lambda task, where: [{"dev_from_train": int(budget["dev_from_train"]), "data_seed": data_seed}]
-    raise SweepError(f"{path}: budget needs few_shot or dev_from_train (or is 'full')")
+    if "split_dev" in budget:
+        value = budget["split_dev"]
+        if value is not True:
+            shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as YAML spells it
+            raise SweepError(f"{path}: budget.split_dev: {shown}; valid: true (leave it out for the whole dev set)")
+        return lambda task, where: [{"split_dev": True, "data_seed": data_seed}]
+    raise SweepError(f"{path}: budget needs few_shot, dev_from_train or split_dev (or is 'full')")
 
 
 def _variant(entry, labels, path):
@@ -292,8 +306,8 @@ def _runs(model, task, variant, budgets, where, seeds, lrs, head_lrs, max_update
             for seed in seeds:
                 sample_seed = seed if b.get("data_seed") == "seed" else b.get("data_seed", 1)
                 request = RunConfig(task, name, model, seed, lr=lr, head_lr=head_lr, few_shot=b.get("few_shot"),
-                                    dev_from_train=b.get("dev_from_train"), data_seed=sample_seed,
-                                    max_update=max_update)  # fmt: skip
+                                    dev_from_train=b.get("dev_from_train"), split_dev=b.get("split_dev", False),
+                                    data_seed=sample_seed, max_update=max_update)  # fmt: skip
                 try:
                     request = request.with_flags(args)
                 except RunError as e:

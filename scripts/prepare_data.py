@@ -32,7 +32,14 @@ def main(argv=None) -> int:
         "--few-shot", type=int, metavar="K", help="K train examples + a 1,000-example dev set from train"
     )
     parser.add_argument("--dev-from-train", type=int, metavar="N", help="hold out N train examples as valid")
-    parser.add_argument("--seed", type=int, default=1, help="seed of --few-shot / --dev-from-train (default 1)")
+    parser.add_argument(
+        "--split-dev",
+        action="store_true",
+        help="split each dev file in half: valid (floor(n/2), selects) and test (the rest, scored); train whole",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of --few-shot / --dev-from-train / --split-dev (default 1)"
+    )
     parser.add_argument("--workers", type=int, help="parallel processes (default: min(4, CPU count))")
     parser.add_argument("--strict-sizes", action="store_true", help="row counts other than the official: error")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out that holds prepared data")
@@ -48,6 +55,7 @@ def main(argv=None) -> int:
             few_shot=args.few_shot,
             seed=args.seed,
             dev_from_train=args.dev_from_train,
+            split_dev=args.split_dev,
             workers=args.workers,
             strict_sizes=args.strict_sizes,
             overwrite=args.overwrite,

@@ -30,8 +30,9 @@ class TaskInfo:
     labels: Optional[List[str]] = None  # label-dictionary order; None for regression
     few_shot: Optional[int] = None
     dev_from_train: Optional[int] = None
-    seed: Optional[int] = None  # of the few-shot / dev sampling
+    seed: Optional[int] = None  # of the few-shot / dev sampling, or of the split-dev halves
     provenance: Optional[Dict[str, Any]] = None  # raw, raw_sha256, bpe, bpe_sha256, few_shot, dev_from_train, seed
+    split_dev: bool = False  # each dev file split in half: valid{i} selects, test{i} is scored (written where set)
     extra: Dict[str, Any] = field(default_factory=dict)  # keys written by other tools
 
     @property
@@ -51,6 +52,8 @@ class TaskInfo:
     def to_dict(self) -> Dict[str, Any]:
         values = asdict(self)
         extra = values.pop("extra")
+        if not values["split_dev"]:  # added later: the task.json of other data stays as it was
+            del values["split_dev"]
         return {**values, **extra}
 
     @staticmethod

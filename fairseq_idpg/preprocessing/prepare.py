@@ -15,8 +15,9 @@ Each BPE-encoded chunk of a split and each binarized column is a part, kept (its
 ends in one line, and the same command resumes, reusing the parts already finished.
 
 ``provenance`` records the raw folder, the sha256 of each raw file and of the BPE files, and the
-sampling options; ``provenance_differences`` says why a prepared folder is not what the same
-options would prepare now (the main job, ``fairseq_idpg/run/``, prepares again then).
+sampling options (``split_dev`` only where set: data prepared before it existed keeps its provenance);
+``provenance_differences`` says why a prepared folder is not what the same options would prepare now
+(the main job, ``fairseq_idpg/run/``, prepares again then).
 """
 
 import contextlib
@@ -32,7 +33,7 @@ import threading
 import time
 from multiprocessing import Pool
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -57,6 +58,7 @@ def prepare(
     few_shot: Optional[int] = None,
     seed: int = 1,
     dev_from_train: Optional[int] = None,
+    split_dev: bool = False,
     workers: Optional[int] = None,
     strict_sizes: bool = False,
     overwrite: bool = False,
@@ -69,13 +71,14 @@ def prepare(
     if workers is not None and workers < 1:
         raise PrepareError(f"--workers must be >= 1, got {workers}")
     workers = workers or min(4, os.cpu_count() or 1)
+    check_sampling(few_shot, dev_from_train, split_dev)  # before the raw files are read
     _check_bpe(bpe, bpe_dir, vocab)
     _check_out(out, overwrite, raw)
     parts = []  # the Parts, once opened
     try:
         data = read_raw(spec, raw, strict_sizes)
-        splits = make_splits(spec, data, few_shot, dev_from_train, seed)
-        origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed)
+        splits = make_splits(spec, data, few_shot, dev_from_train, seed, split_dev)
+        origin = provenance(spec, raw, bpe, bpe_dir, vocab, few_shot, dev_from_train, seed, split_dev)
         print(f"{spec.name}: splits " + ", ".join(f"{s} {len(v):,}" for s, v in splits.items()), flush=True)
         info = TaskInfo(
             task=spec.name,
@@ -88,7 +91,8 @@ def prepare(
             labels=list(spec.labels) if spec.labels else None,
             few_shot=few_shot,
             dev_from_train=dev_from_train,
-            seed=seed if few_shot is not None or dev_from_train is not None else None,
+            split_dev=split_dev,
+            seed=seed if sampled(few_shot, dev_from_train, split_dev) else None,
             provenance=origin,
         )
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -256,12 +260,14 @@ def provenance(
     few_shot: Optional[int] = None,
     dev_from_train: Optional[int] = None,
     seed: int = 1,
+    split_dev: bool = False,
 ) -> Dict[str, Any]:
     """What a prepared folder is made from: the raw folder and the sha256 of each of the task's raw
-    files, the BPE and the sha256 of its files, the sampling (few-shot K, dev-from-train N, seed)."""
+    files, the BPE and the sha256 of its files, the sampling (few-shot K, dev-from-train N, split-dev, seed).
+    ``split_dev`` is a key only where set: the provenance of other data, and so the names of the runs on it
+    (``fairseq_idpg/run/identity.py`` hashes it), are what they were before it existed."""
     spec = task if isinstance(task, TaskSpec) else get_task(task)
     raw = Path(raw)
-    sampled = few_shot is not None or dev_from_train is not None
     return {
         "raw": str(raw.resolve()),
         "raw_sha256": {name: file_sha256(raw / name) for name in spec.files},
@@ -269,8 +275,14 @@ def provenance(
         "bpe_sha256": {name: file_sha256(path) for name, path in bpe_files(bpe, bpe_dir, vocab).items()},
         "few_shot": few_shot,
         "dev_from_train": dev_from_train,
-        "seed": seed if sampled else None,
+        **({"split_dev": True} if split_dev else {}),
+        "seed": seed if sampled(few_shot, dev_from_train, split_dev) else None,
     }
+
+
+def sampled(few_shot: Optional[int] = None, dev_from_train: Optional[int] = None, split_dev: bool = False) -> bool:
+    """Whether the splits are drawn with a seed (few-shot, dev-from-train, split-dev)."""
+    return few_shot is not None or dev_from_train is not None or bool(split_dev)
 
 
 def provenance_differences(recorded: Optional[Dict[str, Any]], wanted: Dict[str, Any]) -> List[str]:
@@ -292,6 +304,9 @@ def provenance_differences(recorded: Optional[Dict[str, Any]], wanted: Dict[str,
     for key, flag in (("few_shot", "--few-shot"), ("dev_from_train", "--dev-from-train"), ("seed", "sampling seed")):
         if recorded.get(key) != wanted[key]:
             reasons.append(f"{flag} {recorded.get(key)} -> {wanted[key]}")
+    if bool(recorded.get("split_dev")) != bool(wanted.get("split_dev")):
+        said = {True: "on", False: "off"}
+        reasons.append(f"--split-dev {said[bool(recorded.get('split_dev'))]} -> {said[bool(wanted.get('split_dev'))]}")
     return reasons
 
 
@@ -349,14 +364,23 @@ def _check_size(spec: TaskSpec, name: str, rows: int, official: int, strict: boo
 
 
 def make_splits(
-    spec: TaskSpec, data: Dict[str, List[Example]], few_shot: Optional[int], dev_from_train: Optional[int], seed: int
+    spec: TaskSpec,
+    data: Dict[str, List[Example]],
+    few_shot: Optional[int],
+    dev_from_train: Optional[int],
+    seed: int,
+    split_dev: bool = False,
 ) -> Dict[str, List[Example]]:
     """Split name -> examples. Without sampling the labelled dev/test files are valid, valid1;
     with sampling the dev set comes from train and those files become test, test1 (fairseq's
-    names for the second, third... file of ``--validpref``/``--testpref``)."""
+    names for the second, third... file of ``--validpref``/``--testpref``). ``split_dev``: each of
+    those files is split in two (``split_in_half``), valid{i} and test{i}; train stays whole."""
     train, *evals = [data[f] for f in spec.files]
-    if few_shot is not None and dev_from_train is not None:
-        raise PrepareError("--few-shot and --dev-from-train exclude each other (few-shot samples its own dev set)")
+    check_sampling(few_shot, dev_from_train, split_dev)
+    if split_dev:
+        halves = [split_in_half(examples, seed, name) for name, examples in zip(spec.files[1:], evals, strict=True)]
+        select, report = [s for s, _ in halves], [r for _, r in halves]
+        return {"train": train, **_numbered("valid", select), **_numbered("test", report)}
     if few_shot is None and dev_from_train is None:
         return {"train": train, **_numbered("valid", evals)}
     # np.random.RandomState: its streams are frozen across numpy versions, so a seed means
@@ -382,6 +406,27 @@ def make_splits(
     # sorted: the sampled examples keep the file's order (training shuffles anyway)
     sampled = {"train": [train[i] for i in sorted(rest)], "valid": [train[i] for i in sorted(dev)]}
     return {**sampled, **_numbered("test", evals)}
+
+
+def check_sampling(few_shot: Optional[int], dev_from_train: Optional[int], split_dev: bool) -> None:
+    """One line when two sampling options are given: each makes the dev set its own way."""
+    if few_shot is not None and dev_from_train is not None:
+        raise PrepareError("--few-shot and --dev-from-train exclude each other (few-shot samples its own dev set)")
+    if split_dev and (few_shot is not None or dev_from_train is not None):
+        other = "--few-shot" if few_shot is not None else "--dev-from-train"
+        raise PrepareError(f"--split-dev and {other} exclude each other ({other} samples its dev set from train)")
+
+
+def split_in_half(examples: List[Example], seed: int, name: str = "the dev file") -> Tuple[list, list]:
+    """(selecting half, reporting half) of one labelled dev file, as the split-dev protocol of ReFT (Wu et al.
+    2024) draws them: the first floor(n / 2) examples of ``RandomState(seed).permutation(n)`` select (``valid``),
+    the other ceil(n / 2) are scored (``test``). A fresh RandomState per file: MNLI's matched split does not
+    depend on its mismatched file. Each half keeps the file's order."""
+    if len(examples) < 2:
+        raise PrepareError(f"--split-dev: {name} has {len(examples)} example(s); splitting it in half needs 2 or more")
+    order = np.random.RandomState(seed).permutation(len(examples))
+    select, report = order[: len(examples) // 2], order[len(examples) // 2 :]
+    return [examples[i] for i in sorted(select)], [examples[i] for i in sorted(report)]
 
 
 def _numbered(name: str, items: list) -> dict:

@@ -6,8 +6,8 @@ A row holds what the table needs: the cell (model, budget, task, label), the met
 seed and data seed, the metric, the dev score that selects (``dev``: the metric on ``select_on``),
 the reported split and its score (``reported``), and the learning curve. The reported split is the
 official set: ``test`` (``test1`` when ``valid1`` selects) where the record has it (sampled data:
-few-shot or dev-from-train, whose dev set comes from train), else the selection split itself (full
-data: the papers report GLUE dev).
+few-shot or dev-from-train, whose dev set comes from train; split-dev, whose ``test`` is the half of
+the dev set that does not select), else the selection split itself (full data: the papers report GLUE dev).
 """
 
 import json
@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional
 import pandas as pd
 
 from fairseq_idpg.errors import ConfigError
-from fairseq_idpg.sweep_spec import few_shot_budget
+from fairseq_idpg.sweep_spec import SPLIT_DEV, few_shot_budget
 
 REQUIRED = ("task", "model", "method", "metric", "select_on", "results", "seed", "lr")
 CELL = ["model", "budget", "task", "label"]
@@ -52,12 +52,14 @@ def default_budget(budget: str) -> str:
 
 
 def budget_of(record: dict) -> str:
-    """``full``, ``K=<few_shot>`` or ``dev<N>`` (dev-from-train), from the data's provenance."""
+    """``full``, ``K=<few_shot>``, ``dev<N>`` (dev-from-train) or ``split-dev``, from the data's provenance."""
     provenance = ((record.get("config") or {}).get("data") or {}).get("provenance") or {}
     if provenance.get("few_shot") is not None:
         return few_shot_budget(provenance["few_shot"])
     if provenance.get("dev_from_train") is not None:
         return f"dev{provenance['dev_from_train']}"
+    if provenance.get("split_dev"):
+        return SPLIT_DEV
     return "full"
 
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import pandas as pd
 
 from ..preprocessing.formats import TASKS
-from .records import CELL, LRS, REPLICATE, default_budget
+from .records import CELL, LRS, REPLICATE, SPLIT_DEV, default_budget
 
 SELECTIONS = ("mean-dev", "best-per-seed")
 SELECTION_TEXT = {
@@ -297,16 +297,21 @@ def split_label(task: str, splits: str, budget: str) -> str:
     Those files come after train in ``TASKS[task].files``: GLUE's dev set (``dev.tsv``, MNLI's
     ``dev_matched.tsv``; GLUE's test labels are not public) and the test set of MR, CR, MPQA, SUBJ
     (``test.csv``). They are ``test*`` where the dev set that selects was sampled from train (every budget
-    but ``full``), else ``valid*``; a sampled ``valid`` is that dev set. Unknown tasks keep fairseq's name."""
+    but ``full`` and ``split-dev``), else ``valid*``; a sampled ``valid`` is that dev set. ``split-dev`` halves
+    each file: ``valid*`` the half that selects, ``test*`` the half that is scored. Unknown tasks keep
+    fairseq's name."""
     labels = []
     for split in filter(None, splits.split("/")):
         found = re.fullmatch(r"(valid|test)(\d*)", split)
         files = TASKS[task].files if task in TASKS else ()
         index = 1 + int(found.group(2) or 0) if found else len(files)
-        if found and found.group(1) == "valid" and budget != "full":
+        name = Path(files[index]).stem if index < len(files) else split
+        if found and budget == SPLIT_DEV:
+            labels.append(f"{name} ({'selecting' if found.group(1) == 'valid' else 'scored'} half)")
+        elif found and found.group(1) == "valid" and budget != "full":
             labels.append("dev (sampled from train)")
         else:
-            labels.append(Path(files[index]).stem if index < len(files) else split)
+            labels.append(name)
     return "/".join(dict.fromkeys(labels))
 
 

@@ -80,7 +80,9 @@ def decide_budget(request, task, recipe, data, lr, batch, batch_size, update_fre
             request.few_shot if request.few_shot is not None else spec.sizes[0] - (request.dev_from_train or 0)
         )
         evals = ["valid"] if sampled else ["valid" + (str(i) if i else "") for i in range(len(spec.files) - 1)]
-        splits = ["train", *evals]
+        # split-dev: each dev file's other half is scored, as test{i} (prepare's make_splits)
+        tests = [s.replace("valid", "test", 1) for s in evals] if request.split_dev else []
+        splits = ["train", *evals, *tests]
     epochs = None
     if request.max_update is not None:
         updates = request.max_update

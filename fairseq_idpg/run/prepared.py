@@ -21,21 +21,23 @@ from fairseq_idpg.layout import (
 from fairseq_idpg.run.processes import call
 
 
-def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, data_seed=1, dry=False, log=print):
+def prepare_if_needed(
+    task, raw, data, bpe, few_shot=None, dev_from_train=None, data_seed=1, split_dev=False, dry=False, log=print
+):
     """Prepare ``data`` unless its task.json records the provenance that ``raw`` + ``bpe`` (prepare_data.py's
     BPE flags) and the sampling would give now; again, with the reasons printed, when it differs.
     Returns (TaskInfo or None in a dry run, the reasons to prepare, the provenance now, seconds or None)."""
     from fairseq_idpg.data.task_info import TaskInfo
     from fairseq_idpg.preprocessing import get_task
-    from fairseq_idpg.preprocessing.prepare import bpe_files, provenance, provenance_differences
+    from fairseq_idpg.preprocessing.prepare import bpe_files, provenance, provenance_differences, sampled
 
     spec, data = get_task(task), Path(data)
     encoding = bpe_encoding(bpe)
-    sampled = few_shot is not None or dev_from_train is not None
     wanted = None
     have_bpe = all(f.is_file() for f in bpe_files(**encoding).values())
     if raw is not None and have_bpe and all((Path(raw) / f).is_file() for f in spec.files):
-        wanted = provenance(spec, raw, **encoding, few_shot=few_shot, dev_from_train=dev_from_train, seed=data_seed)
+        sampling = {"few_shot": few_shot, "dev_from_train": dev_from_train, "split_dev": split_dev}
+        wanted = provenance(spec, raw, **encoding, **sampling, seed=data_seed)
     info = TaskInfo.read(data) if TaskInfo.exists(data) else None
     if info is None:
         if data.exists() and (not data.is_dir() or any(data.iterdir())):
@@ -54,7 +56,8 @@ def prepare_if_needed(task, raw, data, bpe, few_shot=None, dev_from_train=None, 
     prepare += ["--out", data, *bpe]
     prepare += ["--few-shot", few_shot] if few_shot is not None else []
     prepare += ["--dev-from-train", dev_from_train] if dev_from_train is not None else []
-    prepare += ["--seed", data_seed] if sampled else []
+    prepare += ["--split-dev"] if split_dev else []
+    prepare += ["--seed", data_seed] if sampled(few_shot, dev_from_train, split_dev) else []
     prepare += ["--overwrite"] if info is not None else []
     if dry:
         log(f"data: {data} would be prepared ({'; '.join(reasons)}):")
@@ -146,7 +149,8 @@ def data_for(request, task, backbone, log=print):
     used now), with the seconds preparing it took."""
     raw, missing = find_raw(request, task, log)
     bpe = bpe_args(backbone.dir, request.bpe_dir, request.model)
-    sampling = {"few_shot": request.few_shot, "dev_from_train": request.dev_from_train, "data_seed": request.data_seed}
+    sampling = {"few_shot": request.few_shot, "dev_from_train": request.dev_from_train, "data_seed": request.data_seed,
+                "split_dev": request.split_dev}  # fmt: skip
     folder = data_folder(request.work_dir, backbone.name, task, **sampling)
     info, reasons, wanted, seconds = prepare_if_needed(task, raw, folder, bpe, **sampling, dry=request.dry_run, log=log)
     if info is not None and request.dry_run and reasons:
