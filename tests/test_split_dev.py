@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fairseq.data import Dictionary, data_utils
+from records_support import record
 
 from fairseq_idpg import run as main_job
 from fairseq_idpg.errors import SweepError
@@ -149,14 +150,26 @@ def test_runs_without_split_dev_keep_their_names_and_split_dev_runs_get_their_ow
     assert RunConfig.from_config(config).split_dev and RunConfig.from_config(config).data_seed == 2
 
 
-def test_a_split_dev_record_reports_test_under_its_budget():
-    record = {"config": {"data": {"provenance": {"few_shot": None, "dev_from_train": None, "split_dev": True}}}}
-    assert budget_of(record) == "split-dev"
-    assert budget_of({"config": {"data": {"provenance": {"few_shot": None, "dev_from_train": None}}}}) == "full"
-    assert reported_split({"valid": {}, "test": {}}, "valid") == "test"
+def test_split_dev_records_report_the_scored_half_beside_reft_table4(tmp_path, capsys):
+    from fairseq_idpg.results.__main__ import main as results
+
+    for seed, test in ((1, 60.0), (2, 62.0)):
+        made = record(task="RTE", method="lora", lr=2e-4, seed=seed, dev=70.0 + seed, test=test, model="roberta.large")
+        made["config"]["data"]["provenance"].update(split_dev=True, seed=1)
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "results.json").write_text(json.dumps(made))
+    assert budget_of(made) == "split-dev" and reported_split(made["results"], "valid") == "test"
     assert reported_split({"valid": {}, "valid1": {}, "test": {}, "test1": {}}, "valid1") == "test1"
-    assert split_label("RTE", "test", "split-dev") == "dev (scored half)"
-    assert split_label("MNLI", "test1", "split-dev") == "dev_mismatched (scored half)"
+    assert (
+        split_label("MNLI", "valid/test1", "split-dev") == "dev_matched (selecting half)/dev_mismatched (scored half)"
+    )
+
+    assert results([str(tmp_path), "--published", "reft-table4"]) == 0
+    table = capsys.readouterr().out
+    assert "## roberta.large, split-dev" in table.splitlines()
+    assert "| lora | 61.0 ± 1.4 (paper 86.3) | 61.0 (paper 86.3) |" in table.splitlines()  # test, not valid (71, 72)
+    assert "Reported split: RTE dev (scored half)." in table.splitlines()
+    assert "Split-dev (ReFT's protocol)" in table
 
 
 # ---------------------------------------------------------------------------------------- sweeps

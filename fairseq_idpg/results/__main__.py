@@ -23,7 +23,8 @@ def parse_args(argv):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"published tables (--published NAME[@BACKBONE]; fairseq_idpg/published/):\n{tables}\n\n"
         "Scores: mean ± sample std (ddof 1) over seeds of the official test set where a record has one "
-        "(sampled dev sets), else of the selection dev split. docs/results-tables.md.",
+        "(sampled dev sets; split-dev: the dev half that did not select), else of the selection dev split. "
+        "docs/results-tables.md.",
     )
     p.add_argument("dirs", nargs="+", metavar="DIR", help="folders searched recursively for records")
     p.add_argument(

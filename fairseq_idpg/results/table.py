@@ -31,6 +31,10 @@ SELECTION_TEXT = {
     "mean-dev": "per cell, the lr with the best mean dev score over seeds (the IDPG protocol)",
     "best-per-seed": "per cell and seed, the lr with the best dev score (LM-BFF's protocol)",
 }
+SPLIT_DEV_TEXT = (  # only under split-dev tables: the others' text is as it was
+    " Split-dev (ReFT's protocol): each dev set split in half with the data seed; one half selects the "
+    "checkpoint, the other is the reported split."
+)
 AVERAGE = "average"
 MISSING = "—"
 DIVERGED = "diverged"
@@ -263,6 +267,7 @@ def markdown(long: pd.DataFrame, selection: str = "mean-dev", published_text: Op
         f"the official set; the papers report GLUE dev). {MISSING}: no run. {DIVERGED}: at every lr tried, a seed's "
         "loss became NaN or inf (the chosen lr's runs are listed with how many diverged). The average is over the "
         "tasks a row has; '(k of N tasks)' marks a row with fewer."
+        + (SPLIT_DEV_TEXT if (long["budget"] == SPLIT_DEV).any() else "")
         + (f" (paper x): {published_text}; its average is over the same tasks as the row's." if published_text else "")
     )  # fmt: skip
     return "\n".join(out) + "\n"
