@@ -31,7 +31,7 @@ class TaskInfo:
     few_shot: Optional[int] = None
     dev_from_train: Optional[int] = None
     seed: Optional[int] = None  # of the few-shot / dev sampling, or of the split-dev halves
-    provenance: Optional[Dict[str, Any]] = None  # raw, raw_sha256, bpe, bpe_sha256, few_shot, dev_from_train, seed
+    provenance: Optional[Dict[str, Any]] = None  # raw, raw_sha256, bpe, bpe_sha256, the sampling, seed
     split_dev: bool = False  # each dev file split in half: valid{i} selects, test{i} is scored (written where set)
     extra: Dict[str, Any] = field(default_factory=dict)  # keys written by other tools
 

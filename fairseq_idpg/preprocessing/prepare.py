@@ -92,7 +92,7 @@ def prepare(
             few_shot=few_shot,
             dev_from_train=dev_from_train,
             split_dev=split_dev,
-            seed=seed if sampled(few_shot, dev_from_train, split_dev) else None,
+            seed=seed if seeded(few_shot, dev_from_train, split_dev) else None,
             provenance=origin,
         )
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,11 +276,11 @@ def provenance(
         "few_shot": few_shot,
         "dev_from_train": dev_from_train,
         **({"split_dev": True} if split_dev else {}),
-        "seed": seed if sampled(few_shot, dev_from_train, split_dev) else None,
+        "seed": seed if seeded(few_shot, dev_from_train, split_dev) else None,
     }
 
 
-def sampled(few_shot: Optional[int] = None, dev_from_train: Optional[int] = None, split_dev: bool = False) -> bool:
+def seeded(few_shot: Optional[int] = None, dev_from_train: Optional[int] = None, split_dev: bool = False) -> bool:
     """Whether the splits are drawn with a seed (few-shot, dev-from-train, split-dev)."""
     return few_shot is not None or dev_from_train is not None or bool(split_dev)
 

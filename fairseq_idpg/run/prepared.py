@@ -29,7 +29,7 @@ def prepare_if_needed(
     Returns (TaskInfo or None in a dry run, the reasons to prepare, the provenance now, seconds or None)."""
     from fairseq_idpg.data.task_info import TaskInfo
     from fairseq_idpg.preprocessing import get_task
-    from fairseq_idpg.preprocessing.prepare import bpe_files, provenance, provenance_differences, sampled
+    from fairseq_idpg.preprocessing.prepare import bpe_files, provenance, provenance_differences, seeded
 
     spec, data = get_task(task), Path(data)
     encoding = bpe_encoding(bpe)
@@ -57,7 +57,7 @@ def prepare_if_needed(
     prepare += ["--few-shot", few_shot] if few_shot is not None else []
     prepare += ["--dev-from-train", dev_from_train] if dev_from_train is not None else []
     prepare += ["--split-dev"] if split_dev else []
-    prepare += ["--seed", data_seed] if sampled(few_shot, dev_from_train, split_dev) else []
+    prepare += ["--seed", data_seed] if seeded(few_shot, dev_from_train, split_dev) else []
     prepare += ["--overwrite"] if info is not None else []
     if dry:
         log(f"data: {data} would be prepared ({'; '.join(reasons)}):")
