@@ -2,6 +2,8 @@
 every other fairseq-train flag is the group's, given once. A leaf, read by the group's launcher
 (``run/group.py``), the fused trainer (``fused/train.py``) and the launch counter (``launches.py``)."""
 
+import os
+
 MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
 
 
@@ -17,3 +19,12 @@ def split_own(args):
             rest.append(args[i])
             i += 1
     return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
+
+
+def shared_folders(members):
+    """The ``--save-dir`` values of ``members`` (each ``[--lr X --seed Y --save-dir Z]``) that name a folder another
+    member names too, however it is spelled (``a``, ``a/``, ``./a``, a symlink to it), in the members' order: two
+    members in one folder would overwrite each other's checkpoints and results. [] when every member has its own."""
+    dirs = [os.path.realpath(m[m.index("--save-dir") + 1]) for m in members]
+    said = [m[m.index("--save-dir") + 1] for m, d in zip(members, dirs, strict=True) if dirs.count(d) > 1]
+    return list(dict.fromkeys(said))

@@ -56,3 +56,29 @@ def test_a_members_failure_is_its_own(members, monkeypatch, capsys):
     assert group.execute_group(plans) == ["a: fairseq-validate failed"]
     assert scored == ["a", "b", "c"]
     assert "run.sh: error: a: fairseq-validate failed" in capsys.readouterr().err
+
+
+def test_two_members_of_one_run_folder_are_refused_in_one_line_before_anything_trains(tmp_path, monkeypatch, capsys):
+    """Two ``--member`` lines that plan one run folder (the same run spelled twice: a flag, a preset, a default) would
+    train it twice at once: group.main refuses them in one line, exit 2, before any member trains."""
+    folder = tmp_path / "lr1e-4.seed1.0123abcd"
+    plans = [
+        SimpleNamespace(folder=folder, config={}),
+        SimpleNamespace(folder=tmp_path / ".." / tmp_path.name / folder.name, config={}),
+    ]
+    monkeypatch.setattr(group, "parse_members", lambda argv: [["SST-2", "--seed", "1"], ["SST-2", "--seed", "01"]])
+    monkeypatch.setattr("fairseq_idpg.run.cli.parse_args", lambda m: SimpleNamespace(method="lora"))
+    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request: None)
+    planned = iter(plans)
+    monkeypatch.setattr("fairseq_idpg.run.planning.plan", lambda request, m: next(planned))
+    monkeypatch.setattr(group, "trains_alone", lambda p: None)
+    monkeypatch.setattr(
+        group, "fairseq_train_args", lambda p: ["data", "--lr", "1e-4", "--seed", "1", "--save-dir", str(p.folder)]
+    )
+    monkeypatch.setattr(group, "execute_group", lambda plans: pytest.fail("a member trained"))
+    assert group.main([]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"run.sh: error: two members are one run ({folder.name}): its folder would be trained twice at once; give "
+        "each run once"
+    ]
+    assert not folder.exists()

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from fairseq_idpg.errors import ConfigError, argparse_error, refuse
-from fairseq_idpg.member_flags import MEMBER_FLAGS
+from fairseq_idpg.member_flags import MEMBER_FLAGS, shared_folders
 
 from .group import FusedGroup
 
@@ -64,12 +64,9 @@ def split_members(argv):
                 f"{', '.join(MEMBER_FLAGS)} (give the rest once, for all)"
             )
         parsed.append(["--lr", known.lr, "--seed", known.seed, "--save-dir", known.save_dir])
-    # one folder however it is spelled (a, a/, ./a, a symlink to it): two members in it overwrite each other's runs
-    dirs = [os.path.realpath(m[-1]) for m in parsed]
-    twice = [m[-1] for m, d in zip(parsed, dirs, strict=True) if dirs.count(d) > 1]
+    twice = shared_folders(parsed)
     if twice:
-        said = " and ".join(dict.fromkeys(twice))
-        raise ConfigError(f"--member: two members write --save-dir {said}; each run needs its own")
+        raise ConfigError(f"--member: two members write --save-dir {' and '.join(twice)}; each run needs its own")
     for flag in MEMBER_FLAGS:
         if flag in shared:
             raise ConfigError(f"{flag} is a member's own flag: give it inside each --member, not once for all")

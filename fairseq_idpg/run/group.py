@@ -22,10 +22,11 @@ import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 
 from fairseq_idpg.errors import ConfigError, RunError
 from fairseq_idpg.files import write_json
-from fairseq_idpg.member_flags import split_own
+from fairseq_idpg.member_flags import shared_folders, split_own
 from fairseq_idpg.run.execution import (
     checkpoint_updates,
     diverged_line,
@@ -71,7 +72,8 @@ def fusion_key(p):
 
 def member_flags(plans):
     """(the fairseq-train flags the plans share, each plan's ``[--lr X --seed Y --save-dir Z]``): what
-    ``fused.train.run_members`` trains; runs that differ in more than lr and seed: one line."""
+    ``fused.train.run_members`` trains; runs that differ in more than lr and seed, or two plans of one run folder:
+    one line."""
     shared, members = None, []
     for p in plans:
         rest, own = split_own(fairseq_train_args(p))
@@ -84,6 +86,12 @@ def member_flags(plans):
                 f"({' '.join(differ)}): they cannot train together"
             )
         members.append(own)
+    twice = shared_folders(members)
+    if twice:  # the same run given twice (a flag, a preset or a default spelling one configuration)
+        names = " and ".join(dict.fromkeys(Path(f).name for f in twice))
+        raise ConfigError(
+            f"two members are one run ({names}): its folder would be trained twice at once; give each run once"
+        )
     return shared, members
 
 
