@@ -9,7 +9,8 @@ MEMBER_FLAGS = ("--lr", "--seed", "--save-dir")
 
 def split_own(args):
     """(a run's fairseq-train arguments without its ``MEMBER_FLAGS``, those flags as ``[--lr X --seed Y --save-dir
-    Z]``): the group's shared flags and one ``--member``'s."""
+    Z]``): the group's shared flags and one ``--member``'s. The one parser of a member's flags: the group's
+    launcher splits its runs' commands with it, the fused trainer its ``--member`` values."""
     rest, own, i = [], {}, 0
     while i < len(args):
         if args[i] in MEMBER_FLAGS and i + 1 < len(args):
@@ -18,6 +19,11 @@ def split_own(args):
         else:
             rest.append(args[i])
             i += 1
+    missing = [flag for flag in MEMBER_FLAGS if flag not in own]
+    if missing:
+        from fairseq_idpg.errors import ConfigError
+
+        raise ConfigError(f"{', '.join(missing)} missing: each member gives its own {', '.join(MEMBER_FLAGS)}")
     return rest, [x for flag in MEMBER_FLAGS for x in (flag, own[flag])]
 
 

@@ -167,6 +167,9 @@ def test_member_configs_equal_fairseqs_own_conversion(name, tiny, tiny_data, tmp
 def test_member_flags_are_checked_before_anything_runs(tmp_path):
     with pytest.raises(Exception, match=r"--member '--lr 1 --seed 1 --save-dir a --batch-size 4': --batch-size is not"):
         split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a --batch-size 4"])
+    with pytest.raises(Exception, match=r"^--member '--lr 1 --seed 1': --save-dir missing: each member gives its own "
+                       r"--lr, --seed, --save-dir$"):  # fmt: skip
+        split_members(["data", "--member", "--lr 1 --seed 1"])
     with pytest.raises(Exception, match="two members write --save-dir a; each run needs its own"):
         split_members(["data", "--member", "--lr 1 --seed 1 --save-dir a", "--member", "--lr 2 --seed 2 --save-dir a"])
     with pytest.raises(Exception, match="two members write --save-dir a and a/; each run needs its own"):

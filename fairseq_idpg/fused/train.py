@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from fairseq_idpg.errors import ConfigError, argparse_error, refuse
-from fairseq_idpg.member_flags import MEMBER_FLAGS, shared_folders
+from fairseq_idpg.member_flags import MEMBER_FLAGS, shared_folders, split_own
 
 from .group import FusedGroup
 
@@ -54,16 +54,16 @@ def split_members(argv):
         raise ConfigError("--member: give one per run ('--lr LR --seed SEED --save-dir DIR'), at least one")
     parsed = []
     for value in members:
-        parser = argparse.ArgumentParser(prog="--member", add_help=False)
-        for flag in MEMBER_FLAGS:
-            parser.add_argument(flag, required=True)
-        known, unknown = parser.parse_known_args(shlex.split(value))
-        if unknown:
+        try:
+            rest, own = split_own(shlex.split(value))
+        except ConfigError as e:
+            raise ConfigError(f"--member {value!r}: {e}") from None
+        if rest:
             raise ConfigError(
-                f"--member {value!r}: {unknown[0]} is not a member's own flag; members differ only in "
+                f"--member {value!r}: {rest[0]} is not a member's own flag; members differ only in "
                 f"{', '.join(MEMBER_FLAGS)} (give the rest once, for all)"
             )
-        parsed.append(["--lr", known.lr, "--seed", known.seed, "--save-dir", known.save_dir])
+        parsed.append(own)
     twice = shared_folders(parsed)
     if twice:
         raise ConfigError(f"--member: two members write --save-dir {' and '.join(twice)}; each run needs its own")
@@ -108,7 +108,6 @@ def _member_config(template, template_args, args):
     flags: every field named as an argument that differs takes ``args``' value (fairseq fills each config field
     from the argument of its name), in the dataclass sections and in those that are a copy of the argument
     namespace (a model registered with arguments). Equal to fairseq's conversion (tests/test_fused_train.py)."""
-    import argparse
     import copy
 
     from omegaconf import DictConfig, open_dict
