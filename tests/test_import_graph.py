@@ -10,6 +10,7 @@ user dir that imports what registers) is no unit. Read with ``ast``: nothing is 
 """
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -181,3 +182,55 @@ def test_the_check_finds_a_cycle_made_at_import_and_not_one_inside_functions(tmp
     edges = unit_edges(root)
     assert cycles(edges) == [["a", "b"]]
     assert "pkg/b/x.py:2 imports pkg.a" in describe(["a", "b"], edges)
+
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+BACK_UP_AT_MOST = 4  # imports from a lower floor to a higher (or the same) one
+
+
+def floors(page: Path) -> Dict[str, int]:
+    """{unit: floor} from the page's "## Layers" table (``| 3 | `blocks`, `layout` |``)."""
+    text = page.read_text(encoding="utf-8").split("## Layers", 1)[1].split("\n## ", 1)[0]
+    found: Dict[str, int] = {}
+    for floor, units in re.findall(r"^\| (\d+) \| (.+?) \|$", text, re.M):
+        for unit in re.findall(r"`(\w+)`", units):
+            assert unit not in found, f"{page}: {unit} is on two floors"
+            found[unit] = int(floor)
+    return found
+
+
+def units_of(root: Path) -> Set[str]:
+    """The package's top-level modules and subpackages."""
+    return {p.stem for p in root.glob("*.py") if p.name != "__init__.py"} | {
+        p.name for p in root.iterdir() if (p / "__init__.py").is_file()
+    }
+
+
+def back_up(edges, floor) -> List[str]:
+    """The imports (inside functions too) from a unit to one on its own floor or above."""
+    return [f"{a} (floor {floor[a]}) -> {b} (floor {floor[b]}): {edges[a, b][0]}" for a, b in sorted(edges)
+            if floor[b] >= floor[a]]  # fmt: skip
+
+
+def test_every_import_goes_down_the_floors_the_architecture_page_lists():
+    floor = floors(ARCHITECTURE)
+    assert set(floor) == units_of(REPO / PACKAGE), "units missing from, or gone but listed in, docs/architecture.md"
+    up = back_up(unit_edges(REPO / PACKAGE, every_import), floor)
+    assert len(up) <= BACK_UP_AT_MOST, "imports back up a floor:\n" + "\n".join(up)
+    assert up == [], "imports back up a floor (the page's table: move the unit up):\n" + "\n".join(up)
+
+
+def test_the_floor_check_counts_an_import_back_up(tmp_path):
+    root = tmp_path / "pkg"
+    (root / "low").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "low" / "__init__.py").write_text("def f():\n    from pkg import high\n")
+    (root / "high.py").write_text("from pkg.low import f\n")
+    (root / "leaf.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text("## Layers\n\n| floor | units |\n|---|---|\n| 0 | `leaf`, `low` |\n| 1 | `high` |\n\n## Next\n")
+    floor = floors(page)
+    assert floor == {"leaf": 0, "low": 0, "high": 1} and set(floor) == units_of(root)
+    assert back_up(unit_edges(root, every_import), floor) == [
+        "low (floor 0) -> high (floor 1): pkg/low/__init__.py:2 imports pkg.high"
+    ]
