@@ -1,6 +1,7 @@
 """``python -m fairseq_idpg.run.group``'s members after training: a stop (Ctrl-C, the sweep's SIGTERM) while one
 member is scored ends the group there, exit 130 in one line; a member's own failure does not stop the others."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -82,3 +83,37 @@ def test_two_members_of_one_run_folder_are_refused_in_one_line_before_anything_t
         "each run once"
     ]
     assert not folder.exists()
+
+
+def test_a_group_stopped_while_training_keeps_its_folders_locked_until_the_process_ends(tmp_path, monkeypatch):
+    """A stop (Ctrl-C, SIGTERM) while the members train: their threads end with the process, not when the stop
+    reaches execute_group, so each run folder stays locked (flock) until the process exits: a second process taking
+    the folder meanwhile would meet a member still writing."""
+    import fcntl
+
+    from fairseq_idpg.run.execution import RUN_LOCK
+
+    plans = [SimpleNamespace(folder=tmp_path / name, config={}) for name in ("a", "b")]
+    monkeypatch.setattr(group, "read_run_folder", lambda folder: None)
+    monkeypatch.setattr(group, "trained_before", lambda p: False)
+    monkeypatch.setattr(group, "write_json", lambda config, path: None)
+    stop = RunError("interrupted; fused.log and each run's train.log keep the output; the same command resumes")
+    monkeypatch.setattr(group, "_train", lambda training: (_ for _ in ()).throw(stop))
+    held = list(group._HELD_UNTIL_EXIT)
+    with pytest.raises(RunError, match="^interrupted"):
+        group.execute_group(plans)
+    try:
+        for p in plans:
+            fd = os.open(p.folder / RUN_LOCK, os.O_RDWR)
+            try:
+                with pytest.raises(BlockingIOError):  # another open file: refused while this process lives
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+    finally:
+        for stack in group._HELD_UNTIL_EXIT[len(held) :]:
+            stack.close()  # this test's process goes on: release them here
+        group._HELD_UNTIL_EXIT[:] = held
+    fd = os.open(plans[0].folder / RUN_LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: free again
+    os.close(fd)

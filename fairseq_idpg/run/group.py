@@ -116,7 +116,12 @@ def execute_group(plans):
             todo.append((p, lock, trained))
         training = [(p, lock) for p, lock, trained in todo if not trained]
         if training:
-            _train(training)
+            try:
+                _train(training)
+            except RunError as e:
+                if interrupted(e):  # the members' threads end with the process, not here: their folders stay
+                    _HELD_UNTIL_EXIT.append(stack.pop_all())  # locked until then (the kernel releases a flock)
+                raise
         for p, lock, _ in todo:
             try:
                 _finish(p, lock, [q.folder.name for q, _ in training if q is not p])
@@ -126,6 +131,9 @@ def execute_group(plans):
                 print(f"run.sh: error: {p.folder.name}: {e}", file=sys.stderr, flush=True)
                 errors.append(f"{p.folder.name}: {e}")
     return errors
+
+
+_HELD_UNTIL_EXIT = []  # the run-folder locks of a stopped group (``execute_group``): released when the process ends
 
 
 def _train(training):
