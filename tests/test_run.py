@@ -560,17 +560,15 @@ def test_another_seed_trains_in_its_own_folder(first_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
-def test_reprepares_when_raw_differs(first_run, tmp_path):
+def test_reprepares_when_raw_differs(first_run, tmp_path, capsys):
+    """run.sh's dry run (in this process: the plan, not the process, is checked here) over raw files other than
+    the prepared data's says they would be prepared again."""
     other = write_slice(tmp_path / "raw", first_run["raw"], {"train.tsv": 40, "dev.tsv": 16})
-    out = subprocess.run(
-        ["bash", str(RUN_SH), "SST-2", "--raw", str(other), "--work-dir", str(first_run["work"]), *SMALL, "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "would be prepared (raw file(s) train.tsv differ by sha256" in out.stdout
-    assert "prepare_data.py SST-2 --raw " + str(other) in out.stdout and "--overwrite" in out.stdout
+    code = main_job.main(["SST-2", "--raw", str(other), "--work-dir", str(first_run["work"]), *SMALL, "--dry-run"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    assert "would be prepared (raw file(s) train.tsv differ by sha256" in out.out
+    assert "prepare_data.py SST-2 --raw " + str(other) in out.out and "--overwrite" in out.out
 
 
 @pytest.mark.slow
