@@ -530,11 +530,14 @@ def test_first_run_live_log_results_and_folder(first_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
-def test_same_command_again_reports_the_result_without_training(first_run):
+def test_same_command_again_reports_the_result_without_training(first_run, capsys):
+    """run.sh's command again, in this process (what it reads and prints is checked here; a run.sh process
+    reports the cached run in test_a_changed_preset_trains_a_new_run_never_the_cached_one)."""
     folder, work = first_run["folder"], first_run["work"]
     log_before = (folder / "train.log").stat()
-    proc = start(work, first_run["raw"], log=work / "cached.out")
-    out = finish(proc, work / "cached.out", timeout=300)
+    assert main_job.main(["SST-2", "--raw", str(first_run["raw"]), "--work-dir", str(work), *SMALL]) == 0
+    printed = capsys.readouterr()
+    out = printed.out + printed.err
     assert "cached: this configuration finished on" in out and str(folder / "results.json") in out
     score = json.loads((folder / "results.json").read_text())["score"]
     assert f"accuracy {score}" in out
