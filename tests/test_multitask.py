@@ -87,7 +87,9 @@ def test_a_mixed_batch_of_every_family_equals_each_tasks_own_model(runs):
     own = {}
     with torch.no_grad():
         for name, text, logits in zip(names, texts, got, strict=True):
-            hub = own.setdefault(name, own_model(folders, name, backbone))
+            if name not in own:  # once per task (setdefault's argument would load it again for every row)
+                own[name] = own_model(folders, name, backbone)
+            hub = own[name]
             alone = hub.predict(HEAD, hub.encode(*((text,) if isinstance(text, str) else text)), return_logits=True)[0]
             assert logits.shape == alone.shape == (len(LABELS.get(TASKS[name][1], [0])),)
             torch.testing.assert_close(logits, alone, rtol=1e-4, atol=1e-5, msg=name)

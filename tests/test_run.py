@@ -530,11 +530,14 @@ def test_first_run_live_log_results_and_folder(first_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
-def test_same_command_again_reports_the_result_without_training(first_run):
+def test_same_command_again_reports_the_result_without_training(first_run, capsys):
+    """run.sh's command again, in this process (what it reads and prints is checked here; a run.sh process
+    reports the cached run in test_a_changed_preset_trains_a_new_run_never_the_cached_one)."""
     folder, work = first_run["folder"], first_run["work"]
     log_before = (folder / "train.log").stat()
-    proc = start(work, first_run["raw"], log=work / "cached.out")
-    out = finish(proc, work / "cached.out", timeout=300)
+    assert main_job.main(["SST-2", "--raw", str(first_run["raw"]), "--work-dir", str(work), *SMALL]) == 0
+    printed = capsys.readouterr()
+    out = printed.out + printed.err
     assert "cached: this configuration finished on" in out and str(folder / "results.json") in out
     score = json.loads((folder / "results.json").read_text())["score"]
     assert f"accuracy {score}" in out
@@ -560,17 +563,15 @@ def test_another_seed_trains_in_its_own_folder(first_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
-def test_reprepares_when_raw_differs(first_run, tmp_path):
+def test_reprepares_when_raw_differs(first_run, tmp_path, capsys):
+    """run.sh's dry run (in this process: the plan, not the process, is checked here) over raw files other than
+    the prepared data's says they would be prepared again."""
     other = write_slice(tmp_path / "raw", first_run["raw"], {"train.tsv": 40, "dev.tsv": 16})
-    out = subprocess.run(
-        ["bash", str(RUN_SH), "SST-2", "--raw", str(other), "--work-dir", str(first_run["work"]), *SMALL, "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "would be prepared (raw file(s) train.tsv differ by sha256" in out.stdout
-    assert "prepare_data.py SST-2 --raw " + str(other) in out.stdout and "--overwrite" in out.stdout
+    code = main_job.main(["SST-2", "--raw", str(other), "--work-dir", str(first_run["work"]), *SMALL, "--dry-run"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    assert "would be prepared (raw file(s) train.tsv differ by sha256" in out.out
+    assert "prepare_data.py SST-2 --raw " + str(other) in out.out and "--overwrite" in out.out
 
 
 @pytest.mark.slow

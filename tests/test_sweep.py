@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from lock_support import held_by_another_process
+from preloaded_support import preloaded
 
 from fairseq_idpg import run as main_job
 from fairseq_idpg import sweep, sweep_progress, sweep_slurm
@@ -148,12 +149,14 @@ def test_a_spec_number_that_cannot_be_right_is_one_line_naming_the_file_and_key(
     ],
 )
 def test_sweep_sh_refuses_a_bad_spec_in_one_line(tmp_path, text, said):
-    """As a user runs it: scripts/sweep.sh SPEC --dry-run, exit 2, one line, nothing written."""
+    """As a user runs it: scripts/sweep.sh SPEC --dry-run, exit 2, one line, nothing written (in a fork of an
+    interpreter that imported the package once, tests/preloaded_support.py: what the command alone prints, as
+    tests/test_docs_commands.py checks; a process of its own where it cannot fork)."""
     path = write_spec(tmp_path, text)
-    run = subprocess.run(
-        ["bash", str(REPO / "scripts" / "sweep.sh"), str(path), "--dry-run"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+    argv = ["bash", str(REPO / "scripts" / "sweep.sh"), str(path), "--dry-run"]
+    run = preloaded.run(argv, cwd=tmp_path, env=dict(os.environ)) or subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert run.returncode == 2 and run.stderr.splitlines() == [f"sweep: error: {path}: {said}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
@@ -421,11 +424,14 @@ def test_smoke_sweep_runs_in_parallel_and_resumes_without_rerunning(smoke):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("sweep-smoke")  # one worker: the smoke sweep runs once
-def test_smoke_table_and_plots_from_the_records(smoke, tmp_path):
+def test_smoke_table_and_plots_from_the_records(smoke, tmp_path, monkeypatch, capsys):
+    """``python -m fairseq_idpg.results`` in this process (its tables and plots are checked here, not its process)."""
+    from fairseq_idpg.results.__main__ import main as results_main
+
     out = tmp_path / "table"
-    cmd = [sys.executable, "-m", "fairseq_idpg.results", str(smoke["records"]), "--spec", str(smoke["spec"])]
-    done = subprocess.run(cmd + ["--out-dir", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(REPO)
+    code = results_main([str(smoke["records"]), "--spec", str(smoke["spec"]), "--out-dir", str(out)])
+    assert code == 0, capsys.readouterr().err[-3000:]
     import pandas as pd
 
     table = pd.read_csv(out / "table.csv")

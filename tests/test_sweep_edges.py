@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import REPO
+from preloaded_support import preloaded
 from test_sweep import write_spec
 from test_sweep_fused import sst2_lines  # noqa: F401 (the fixture: SST-2's first 48 train and 16 dev rows)
 
@@ -64,6 +65,14 @@ def sh(script, *args, env, timeout=900):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
+def planned(script, *args, env):
+    """``sh``'s result of a dry run, in a fork of an interpreter that imported the package once
+    (tests/preloaded_support.py: what the command alone prints, tests/test_docs_commands.py checks), not in a fresh
+    interpreter that spends ~4 s importing torch and fairseq first; a process of its own where it cannot fork."""
+    argv = ["bash", str(script), *map(str, args)]
+    return preloaded.run(argv, cwd=REPO, env=env) or sh(script, *args, env=env)
+
+
 def snapshot(root):
     """Every path under ``root`` with its size and modification time: what a command that only reads leaves."""
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(root).rglob("*"))}
@@ -82,12 +91,12 @@ def swept(sst2_lines, standin_model, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("edges")
     spec, work = write_spec(root, SPEC), root / "work"
     env = {**os.environ, "GLUE_DIR": str(sst2_lines)}
-    first = sh(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
-    run_sh = sh(RUN_SH, *RUN, "--seed", "2", "--work-dir", work, "--dry-run", env=env)
+    first = planned(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
+    run_sh = planned(RUN_SH, *RUN, "--seed", "2", "--work-dir", work, "--dry-run", env=env)
     written = sorted(root.rglob("*"))
     done = sh(SWEEP_SH, spec, "--work-dir", work, "--fuse", "2", env=env, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    again = sh(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
+    again = planned(SWEEP_SH, spec, "--work-dir", work, "--dry-run", env=env)
     return SimpleNamespace(root=root, spec=spec, work=work, env=env, first=first, run_sh=run_sh, written=written,
                            done=done, again=again)  # fmt: skip
 
