@@ -10,7 +10,6 @@ import json
 import os
 import pickle
 import random
-import subprocess
 import sys
 import time
 
@@ -300,16 +299,20 @@ def test_errors_are_one_line_before_writing(tmp_path, case, expected):
     assert not out.exists()
 
 
-def test_cli_error_is_one_line(tmp_path):
+def test_cli_error_is_one_line(tmp_path, monkeypatch, capsys):
+    """The script run as ``__main__`` in this process (runpy: its own lines, the exit status it gives Python), not
+    a new interpreter: what it prints and its exit status are the test."""
+    import runpy
+
     hf_dir = tmp_path / "hf"
     _bert_config(hf_dir)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "convert_hf_to_fairseq.py"), str(hf_dir), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if "tensorboardX" not in line]
+    script = os.path.join(REPO, "scripts", "convert_hf_to_fairseq.py")
+    monkeypatch.setattr(sys, "argv", [script, str(hf_dir), str(tmp_path / "out")])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the checkout first
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(script, run_name="__main__")
+    assert exited.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "tensorboardX" not in line]
     assert lines == [
         f"convert_hf_to_fairseq.py: error: {hf_dir}: no weights file (expected model.safetensors or "
         "pytorch_model.bin; sharded checkpoints are not supported)"
