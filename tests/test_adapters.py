@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from blocks_support import block_tensors, blocks_in, logits, methods_with, run_main_job
 from checkpoint_support import assert_compact_and_resumable, assert_hub_agrees_with_validation
-from conftest import SHARED, build_tiny
+from conftest import SHARED, STANDIN, build_tiny
 
 from fairseq_idpg.blocks import BLOCKS
 from fairseq_idpg.errors import ConfigError
@@ -166,6 +166,13 @@ def test_invalid_settings_fail_at_build_time(tiny, preset, flags, message):
 
 @pytest.mark.slow
 def test_compacter_trains_and_validates_end_to_end(tmp_path, glue_slices, standin_model):
+    from fairseq_idpg.layout import data_folder
+    from fairseq_idpg.preprocessing import prepare
+
+    # RTE's slice prepared in this process where run.sh prepares it: its task.json records the same files, so
+    # run.sh uses it (one prepare_data.py start fewer)
+    data, vocab = data_folder(tmp_path, "standin", "RTE"), STANDIN / "vocab.txt"
+    prepare("RTE", str(glue_slices / "RTE"), str(data), bpe="wordpiece", vocab=str(vocab), workers=1)
     save, results = run_main_job(tmp_path, "compacter", glue_slices / "RTE")
     assert_compact_and_resumable(save, updates=5)  # adapters + head + fingerprint; the optimizer state fits
     # the hub, from the raw dev sentences, reproduces the prepared tokens and what fairseq-validate's model predicts

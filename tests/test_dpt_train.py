@@ -6,7 +6,6 @@ and the exported l x d prompt scores exactly like the trained factors. A tiny ra
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ LENGTH = 8
 @pytest.fixture(scope="module")
 def rte_slice(shared_data, tmp_path_factory, tiny):
     """The first 48 train and 32 dev rows of RTE (pairs), prepared for the tiny backbone."""
+    from fairseq_idpg.preprocessing import prepare
+
     root = tmp_path_factory.mktemp("dpt_train")
     raw = root / "raw"
     raw.mkdir()
@@ -26,22 +27,8 @@ def rte_slice(shared_data, tmp_path_factory, tiny):
         lines = (shared_data / "glue" / "RTE" / name).read_text().splitlines(keepends=True)
         (raw / name).write_text("".join(lines[: rows + 1]))  # header + rows
     data = root / "bin"
-    cmd = [
-        sys.executable,
-        REPO / "scripts" / "prepare_data.py",
-        "RTE",
-        "--raw",
-        raw,
-        "--out",
-        data,
-        "--bpe",
-        "wordpiece",
-        "--vocab",
-        tiny.folder / "vocab.txt",
-        "--workers",
-        "1",
-    ]
-    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    # prepare_data.py's function in this process (the script's own start is tests/test_prepare_data.py's)
+    prepare("RTE", str(raw), str(data), bpe="wordpiece", vocab=str(tiny.folder / "vocab.txt"), workers=1)
     return root, tiny, data
 
 
@@ -51,6 +38,20 @@ def run(cmd, timeout=300):
     return out.stdout + out.stderr
 
 
+def script(name, argv, capsys):
+    """scripts/``name``.py's main on ``argv`` in this process (no interpreter start): what it printed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code in (0, None), out[-3000:] + err[-3000:]
+    return out + err
+
+
 def valid_fields(log):
     """The 'valid' subset's statistics of each validation in a fairseq log (json or simple format)."""
     from fairseq_idpg.logs import read_log
@@ -58,68 +59,63 @@ def valid_fields(log):
     return [e.stats for e in read_log(log) if e.tag == "valid"]
 
 
-def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_slice):
+def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_slice, capsys):
+    from fairseq_idpg.launch import resolve
+
     root, tiny, data = rte_slice
     save = root / "probe"
-    log = run(
-        [
-            sys.executable,
-            "-m",
-            "fairseq_idpg.launch",
-            "--nproc",
-            "1",
-            "--total-batch",
-            "8",
-            "--",
-            data,
-            "--user-dir",
-            REPO / "fairseq_idpg",
-            "--task",
-            "peft_sentence_prediction",
-            "--criterion",
-            "sentence_prediction_metrics",
-            "--init-token",
-            "0",
-            "--separator-token",
-            "2",
-            "--arch",
-            "roberta_prompt",
-            "--prompt-preset",
-            "dpt-rank-probe",
-            "--prompt-length",
-            LENGTH,
-            "--encoder-layers",
-            "2",
-            "--encoder-embed-dim",
-            "32",
-            "--encoder-ffn-embed-dim",
-            "64",
-            "--encoder-attention-heads",
-            "4",
-            "--backbone",
-            tiny.model_file,
-            "--save-trainable-only",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.3",
-            "--max-update",
-            "6",
-            "--validate-interval-updates",
-            "2",
-            "--best-checkpoint-metric",
-            "accuracy",
-            "--maximize-best-checkpoint-metric",
-            "--save-dir",
-            save,
-            "--no-epoch-checkpoints",
-            "--log-format",
-            "simple",
-            "--num-workers",
-            "0",
-            "--cpu",
-        ]
-    )
+    train_args = [
+        data,
+        "--user-dir",
+        REPO / "fairseq_idpg",
+        "--task",
+        "peft_sentence_prediction",
+        "--criterion",
+        "sentence_prediction_metrics",
+        "--init-token",
+        "0",
+        "--separator-token",
+        "2",
+        "--arch",
+        "roberta_prompt",
+        "--prompt-preset",
+        "dpt-rank-probe",
+        "--prompt-length",
+        LENGTH,
+        "--encoder-layers",
+        "2",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--encoder-attention-heads",
+        "4",
+        "--backbone",
+        tiny.model_file,
+        "--save-trainable-only",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.3",
+        "--max-update",
+        "6",
+        "--validate-interval-updates",
+        "2",
+        "--best-checkpoint-metric",
+        "accuracy",
+        "--maximize-best-checkpoint-metric",
+        "--save-dir",
+        save,
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "simple",
+        "--num-workers",
+        "0",
+        "--cpu",
+    ]
+    # the launcher's fairseq-train command for 1 process (the launcher would only exec it): one start fewer
+    _, train = resolve(["--nproc", "1", "--total-batch", "8", "--", *map(str, train_args)])
+    log = run(train)
     (save / "train.log").write_text(log)
 
     valid = valid_fields(log)
@@ -131,11 +127,11 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
     assert not any(k.startswith("encoder.") for k in last["model"])  # compact checkpoint
 
     png = root / "probe.png"
-    out = run([sys.executable, REPO / "scripts" / "plot_rank_probe.py", save / "train.log", "--out", png])
+    out = script("plot_rank_probe", [save / "train.log", "--out", png], capsys)
     assert f"positive entries {ranks[0]} -> {ranks[-1]} of r = {LENGTH}" in out
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    out = run([sys.executable, REPO / "scripts" / "export_dpt_prompt.py", save / "checkpoint_last.pt", "--check"])
+    out = script("export_dpt_prompt", [save / "checkpoint_last.pt", "--check"], capsys)
     assert f"P [{LENGTH}, 32]" in out
     diff = float(out.split("largest |logit difference| on random inputs: ")[1].split()[0])
     assert diff < 1e-5
@@ -163,18 +159,28 @@ def test_rank_probe_logged_each_validation_plot_and_export_scores_the_same(rte_s
 
 
 @pytest.mark.slow
-def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model):
+def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model, capfd):
     """scripts/run.sh RTE --method dpt on slices of the real RTE files: prepare, fairseq-train (4 updates of 8,
-    one validation), fairseq-validate of the compact checkpoint."""
-    out = run(
+    one validation), fairseq-validate of the compact checkpoint. The job's main (what run.sh execs) runs in this
+    process, on the slice prepared in this process where run.sh prepares it: two interpreter starts fewer (run.sh
+    itself and its preparation are run by tests/test_end_to_end.py's SST-2 learning run)."""
+    from conftest import STANDIN
+
+    from fairseq_idpg.layout import data_folder
+    from fairseq_idpg.preprocessing import prepare
+    from fairseq_idpg.run import main
+
+    # prepared in this process where run.sh prepares it (the same files: run.sh uses it, no prepare_data.py start)
+    data = data_folder(tmp_path, "standin", "RTE")
+    prepare("RTE", str(glue_slices / "RTE"), str(data), bpe="wordpiece", vocab=str(STANDIN / "vocab.txt"), workers=1)
+    capfd.readouterr()
+    code = main(
         [
-            "bash",
-            REPO / "scripts" / "run.sh",
             "RTE",
             "--method",
             "dpt",
             "--raw",
-            glue_slices / "RTE",
+            str(glue_slices / "RTE"),
             "--max-update",
             "4",
             "--total-batch",
@@ -182,10 +188,13 @@ def test_main_job_trains_dpt_on_the_standin(tmp_path, glue_slices, standin_model
             "--validate-interval-updates",
             "4",
             "--work-dir",
-            tmp_path,
-        ],
-        timeout=900,
+            str(tmp_path),
+        ]
     )
+    out, err = capfd.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
+    out += err
+    assert "prepare_data.py" not in out
     assert "valid: loss" in out and "accuracy" in out
     from fairseq_idpg.run import find_runs
 

@@ -6,7 +6,6 @@ scripts/run.sh, with fairseq-validate's score equal to the one fairseq-train sel
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -209,15 +208,22 @@ VALID_ACCURACY = (r'"valid_accuracy": "([0-9.]+)"', r"valid on 'valid' subset \|
 
 
 @pytest.mark.slow
-def test_efl_trains_on_the_standin_sst2(tmp_path, sst2_slice, standin_model):
+def test_efl_trains_on_the_standin_sst2(tmp_path, sst2_slice, standin_model, capfd):
     """scripts/run.sh SST-2 --method efl on the stand-in (not MNLI-tuned: EFL starts from the stand-in
     itself, with a fresh entailment head) learns above chance on the first 3,200 train rows, and
     fairseq-validate on checkpoint_best.pt (results.json) reports the dev accuracy (the whole dev set)
-    fairseq-train's validation selected it with."""
-    cmd = ["bash", str(REPO / "scripts" / "run.sh"), "SST-2", "--method", "efl", "--raw", str(sst2_slice), *BUDGET]
-    cmd += ["--work-dir", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    fairseq-train's validation selected it with. The job's main (what run.sh execs) runs in this process, on the
+    slice prepared in this process where run.sh prepares it: two interpreter starts fewer (run.sh itself and its
+    preparation are run by tests/test_end_to_end.py's SST-2 learning run)."""
+    from fairseq_idpg.layout import data_folder
+    from fairseq_idpg.run import main
+
+    prepare("SST-2", sst2_slice, data_folder(tmp_path, "standin", "SST-2"))  # where run.sh prepares: it uses it
+    capfd.readouterr()
+    code = main(["SST-2", "--method", "efl", "--raw", str(sst2_slice), *BUDGET, "--work-dir", str(tmp_path)])
+    stdout, stderr = capfd.readouterr()
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    assert "prepare_data.py" not in stdout  # the data prepared above, in this process
     (results_file,) = (tmp_path / "checkpoints" / "standin" / "SST-2" / "efl").glob("*/results.json")
     results = json.loads(results_file.read_text())
     accuracy = results["results"]["valid"]["accuracy"]

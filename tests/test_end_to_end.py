@@ -5,6 +5,7 @@ fairseq RoBERTa format: a 6-layer BERT standing in for roberta.large), and the l
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,13 +49,28 @@ def run_main_job(task, work_dir, *args):
     return out.stdout, json.loads((folder / "results.json").read_text()), folder
 
 
+def run_in_process(task, work_dir, capfd, *args):
+    """run.sh's job (``fairseq_idpg.run.main``, what scripts/run.sh execs) in this process, as run_main_job:
+    (what it printed, results.json, the run's folder). One interpreter start fewer than run.sh; the SST-2
+    learning run above goes through scripts/run.sh itself."""
+    from fairseq_idpg.run import find_runs, main
+
+    capfd.readouterr()
+    code = main([task, "--work-dir", str(work_dir), *args])
+    out, err = capfd.readouterr()
+    assert code == 0, out[-3000:] + err[-3000:]
+    (folder,) = find_runs(work_dir, "standin", task, "finetune")
+    return out, json.loads((folder / "results.json").read_text()), folder
+
+
 def prepared(task, work_dir, glue_slices):
-    """``task``'s slices of the real files (conftest's ``glue_slices``) prepared for the stand-in, made if missing."""
+    """``task``'s slices of the real files (conftest's ``glue_slices``) prepared for the stand-in, made if missing
+    (prepare_data.py's function, in this process: the script's own start is tests/test_prepare_data.py's)."""
+    from fairseq_idpg.preprocessing import prepare
+
     data = work_dir / "prepared" / task
     if not (data / "task.json").exists():
-        cmd = [sys.executable, str(REPO / "scripts" / "prepare_data.py"), task, "--raw", str(glue_slices / task)]
-        cmd += ["--out", str(data), "--bpe", "wordpiece", "--vocab", str(STANDIN / "vocab.txt")]
-        subprocess.run(cmd, check=True, capture_output=True)
+        prepare(task, str(glue_slices / task), str(data), bpe="wordpiece", vocab=str(STANDIN / "vocab.txt"), workers=1)
     return data
 
 
@@ -75,10 +91,16 @@ def test_sst2_finetuned_standin_learns(work_dir, sst2_slice):
 
 # accuracy (RTE, SST-2...) takes the same path in the SST-2 learning run above and the block methods' main jobs
 @pytest.mark.parametrize("task,metric", [("MRPC", "acc_and_f1"), ("STS-B", "pearson_and_spearman"), ("CoLA", "mcc")])
-def test_each_task_runs_with_its_metric(glue_slices, tmp_path, task, metric):
-    # small slices of the real files (160 train, 48 dev rows): what is checked is the metric's plumbing
+def test_each_task_runs_with_its_metric(work_dir, glue_slices, tmp_path, capfd, task, metric):
+    # small slices of the real files (160 train, 48 dev rows): what is checked is the metric's plumbing.
+    # The slice, prepared once per session (STS-B's also trains the 2-worker test), is copied where run.sh
+    # prepares it: its task.json records the same files, so run.sh uses it as it is (no prepare_data.py start)
+    from fairseq_idpg.layout import data_folder
+
+    shutil.copytree(prepared(task, work_dir, glue_slices), data_folder(tmp_path, "standin", task))
     extra = ["--raw", str(glue_slices / task), "--max-update", "4", "--total-batch", "8"]
-    stdout, results, folder = run_main_job(task, tmp_path, *extra, "--validate-interval-updates", "4")
+    stdout, results, folder = run_in_process(task, tmp_path, capfd, *extra, "--validate-interval-updates", "4")
+    assert "prepare_data.py" not in stdout
     assert results["metric"] == metric
     value = results["results"]["valid"][metric]
     # the number fairseq-validate printed for checkpoint_best, stored as a number and shown to the user
@@ -167,6 +189,11 @@ def _train(data, model_dir, save_dir, nproc, batch_size, extra=(), init=None):
         "12",
         *extra,
     ]
+    if nproc == 1:
+        # the launcher would only exec this fairseq-train command (as run.sh runs it): one interpreter start fewer
+        from fairseq_idpg.launch import resolve
+
+        _, cmd = resolve(cmd[cmd.index("fairseq_idpg.launch") + 1 :])
     out = run(cmd, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     valid = [line for line in out.stdout.splitlines() + out.stderr.splitlines() if "valid on 'valid' subset" in line]
@@ -196,20 +223,11 @@ def test_two_cpu_workers_match_one_with_same_effective_batch(work_dir, tmp_path,
         assert abs(float(m1[k]) - float(m2[k])) <= 0.02, (k, m1, m2)
 
 
-def test_bf16_trains_on_cpu(work_dir, tmp_path, glue_slices):
-    """--bf16 used to imply --tpu (and a torch_xla import) in fairseq 0.12.2."""
-    from fairseq_idpg.conversion.tiny import write_tiny_roberta
-
-    data = prepared("SST-2", work_dir, glue_slices)
-    model = Path(write_tiny_roberta(tmp_path / "tiny"))
-    state, valid = _train(data, model, tmp_path / "bf16", nproc=1, batch_size=16, extra=["--bf16"])
-    assert state["cfg"]["common"]["bf16"] and not state["cfg"]["common"]["tpu"]
-    assert "accuracy" in valid
-
-
 def test_checkpoints_reload_every_way(work_dir, tmp_path, glue_slices):
     """Under torch 2.13: resume from checkpoint_last.pt, --finetune-from-model, fairseq-validate
-    (task and criterion from the checkpoint) and the hub all read what fairseq-train wrote."""
+    (task and criterion from the checkpoint) and the hub all read what fairseq-train wrote. The fine-tuning
+    step trains with --bf16 on the CPU (it used to imply --tpu, and a torch_xla import, in fairseq 0.12.2):
+    the bf16 run is that step, where it was a run of its own."""
     from fairseq.models.roberta import RobertaModel
 
     from fairseq_idpg.conversion.tiny import write_tiny_roberta
@@ -224,17 +242,19 @@ def test_checkpoints_reload_every_way(work_dir, tmp_path, glue_slices):
     resumed, _ = _train(data, model, save, nproc=1, batch_size=16, extra=["--max-update", "14"], init=[])
     assert resumed["optimizer_history"][-1]["num_updates"] == 14
 
-    # fine-tune from the trained model in a new directory: weights in, counters reset
-    tuned, _ = _train(
+    # fine-tune from the trained model in a new directory, in bf16: weights in, counters reset
+    tuned, tuned_valid = _train(
         data,
         model,
         tmp_path / "ft",
         nproc=1,
         batch_size=16,
-        extra=["--max-update", "2"],
+        extra=["--max-update", "2", "--bf16"],
         init=["--finetune-from-model", str(save / "checkpoint_best.pt")],
     )
     assert tuned["optimizer_history"][-1]["num_updates"] == 2
+    assert tuned["cfg"]["common"]["bf16"] and not tuned["cfg"]["common"]["tpu"]
+    assert "accuracy" in tuned_valid
 
     out = run(
         [

@@ -1,10 +1,12 @@
 """M-IDPG-PHM end to end as a user runs it: scripts/run.sh (prepare -> fairseq-train ->
 fairseq-validate) on a slice of the real RTE files with the offline stand-in (all-MiniLM-L6-v2
 converted to fairseq RoBERTa format, standing in for roberta.large), then ``from_pretrained``
-predicting from the compact checkpoint. Slow; CI runs it."""
+predicting from the compact checkpoint. The job's main (what scripts/run.sh execs) runs in this process, on the
+slice prepared in this process where run.sh prepares it (its task.json records the same files, so run.sh uses it):
+two interpreter starts fewer (run.sh itself and its preparation are run by tests/test_end_to_end.py's SST-2
+learning run). Slow; CI runs it."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,23 +14,26 @@ import pytest
 import torch
 from conftest import STANDIN
 
+from fairseq_idpg.layout import data_folder
 from fairseq_idpg.logs import validations
-from fairseq_idpg.run import find_runs
+from fairseq_idpg.preprocessing import prepare
+from fairseq_idpg.run import find_runs, main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_m_idpg_phm_trains_scores_and_predicts(shared_data, standin_model, tmp_path):
+def test_m_idpg_phm_trains_scores_and_predicts(shared_data, standin_model, tmp_path, capfd):
     raw = tmp_path / "RTE"
     raw.mkdir()
     for name, rows in (("train.tsv", 64), ("dev.tsv", 40)):
         lines = (shared_data / "glue" / "RTE" / name).read_text(encoding="utf-8").splitlines(keepends=True)
         (raw / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    # prepared in this process where run.sh prepares it (the same files: run.sh uses it, no prepare_data.py start)
+    data = data_folder(tmp_path, "standin", "RTE")
+    prepare("RTE", str(raw), str(data), bpe="wordpiece", vocab=str(STANDIN / "vocab.txt"), workers=1)
     cache = tmp_path / "mx-cache"
-    cmd = [
-        "bash",
-        str(REPO / "scripts" / "run.sh"),
+    argv = [
         "RTE",
         "--raw",
         str(raw),
@@ -45,11 +50,13 @@ def test_m_idpg_phm_trains_scores_and_predicts(shared_data, standin_model, tmp_p
         "--idpg-cache-dir",
         str(cache),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    capfd.readouterr()
+    code = main(argv)
+    stdout, stderr = capfd.readouterr()
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
     (save,) = find_runs(tmp_path, "standin", "RTE", "m-idpg-phm")
     results = json.loads((save / "results.json").read_text())
-    assert "valid: " in out.stdout
+    assert "valid: " in stdout and "prepare_data.py" not in stdout
     # where M(x) is cached is how, not what, the model computes: fairseq-train gets it, the run's identity does not
     assert "--idpg-cache-dir" not in results["config"]["extra_args"]
     assert f"--idpg-cache-dir {cache}" in (save / "train.log").read_text()

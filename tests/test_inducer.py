@@ -10,7 +10,7 @@ import pytest
 import torch
 from blocks_support import block_methods, logits, methods_with, run_main_job
 from checkpoint_support import assert_compact_and_resumable, assert_hub_agrees_with_validation
-from conftest import SHARED, build_tiny
+from conftest import SHARED, STANDIN, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_idpg.counts.blocks import baseline_rows, inducer_rows
@@ -237,6 +237,13 @@ def test_invalid_settings_fail_at_build_time(tiny, preset, flags, message):
 
 @pytest.mark.slow
 def test_mam_inducer_trains_and_validates_end_to_end(tmp_path, glue_slices, standin_model):
+    from fairseq_idpg.layout import data_folder
+    from fairseq_idpg.preprocessing import prepare
+
+    # RTE's slice prepared in this process where run.sh prepares it: its task.json records the same files, so
+    # run.sh uses it (one prepare_data.py start fewer)
+    data, vocab = data_folder(tmp_path, "standin", "RTE"), STANDIN / "vocab.txt"
+    prepare("RTE", str(glue_slices / "RTE"), str(data), bpe="wordpiece", vocab=str(vocab), workers=1)
     save, results = run_main_job(tmp_path, "mam-inducer", glue_slices / "RTE")
     assert_compact_and_resumable(save, updates=5)  # inducer + LoRA + adapter + head + fingerprint
     state = torch.load(save / "checkpoint_best.pt", map_location="cpu", weights_only=False)["model"]

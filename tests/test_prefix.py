@@ -17,7 +17,7 @@ from checkpoint_support import (
     hub,
     train_steps,
 )
-from conftest import SHARED, build_tiny
+from conftest import SHARED, STANDIN, build_tiny
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from fairseq_idpg.blocks.prefix import PREFIX_KEY
@@ -166,6 +166,13 @@ def test_prefixes_change_outputs_and_bad_length_fails(tiny):
 
 @pytest.mark.slow
 def test_prefix_tuning_trains_and_validates_from_the_compact_checkpoint(tmp_path, glue_slices, standin_model):
+    from fairseq_idpg.layout import data_folder
+    from fairseq_idpg.preprocessing import prepare
+
+    # RTE's slice prepared in this process where run.sh prepares it: its task.json records the same files, so
+    # run.sh uses it (one prepare_data.py start fewer)
+    data, vocab = data_folder(tmp_path, "standin", "RTE"), STANDIN / "vocab.txt"
+    prepare("RTE", str(glue_slices / "RTE"), str(data), bpe="wordpiece", vocab=str(vocab), workers=1)
     save, results = run_main_job(tmp_path, "prefix-tuning", glue_slices / "RTE")
     # checkpoints: the MLP + head + fingerprint, no backbone tensor; checkpoint_last resumes
     assert_compact_and_resumable(save, updates=5)
