@@ -40,6 +40,10 @@ class RunError(ConfigError):
     """A bad request to scripts/run.sh, reported as one line before anything runs (``run.sh: error: ...``, exit 2)."""
 
 
+class Interrupted(RunError):
+    """The command was stopped (Ctrl-C, SIGTERM) where it was: exit status 130, and the same command resumes."""
+
+
 class SweepError(ConfigError):
     """A bad sweep specification or request, reported as one line before anything runs."""
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairseq_idpg.errors import RunError
+from fairseq_idpg.errors import Interrupted, RunError
 from fairseq_idpg.run import group
 
 
@@ -34,7 +34,7 @@ def scoring(scored, fails):
 
 def test_a_stop_while_a_member_is_scored_scores_no_other(members, monkeypatch, capsys):
     plans, scored = members
-    stop = RunError("interrupted; a/valid.log keeps the output; the same command resumes")
+    stop = Interrupted("interrupted; a/valid.log keeps the output; the same command resumes")
     monkeypatch.setattr(group, "_finish", scoring(scored, {"a": stop}))
     with pytest.raises(RunError, match="^interrupted"):
         group.execute_group(plans)
@@ -97,7 +97,7 @@ def test_a_group_stopped_while_training_keeps_its_folders_locked_until_the_proce
     monkeypatch.setattr(group, "read_run_folder", lambda folder: None)
     monkeypatch.setattr(group, "trained_before", lambda p: False)
     monkeypatch.setattr(group, "write_json", lambda config, path: None)
-    stop = RunError("interrupted; fused.log and each run's train.log keep the output; the same command resumes")
+    stop = Interrupted("interrupted; fused.log and each run's train.log keep the output; the same command resumes")
     monkeypatch.setattr(group, "_train", lambda training: (_ for _ in ()).throw(stop))
     held = list(group._HELD_UNTIL_EXIT)
     with pytest.raises(RunError, match="^interrupted"):

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fairseq_idpg.errors import RunError
+from fairseq_idpg.errors import Interrupted, RunError
 from fairseq_idpg.run.execution import IN_USE_EXIT, InUse, execute
 from fairseq_idpg.run.planning import check, hash_note, plan, quiet, warn_missing
 from fairseq_idpg.run_config import RunConfig, method_list
@@ -30,7 +30,7 @@ def main(argv=None):
         print(f"run.sh: error: {e}", file=sys.stderr)
         if isinstance(e, InUse):
             return IN_USE_EXIT
-        return 130 if str(e).startswith("interrupted") else 2
+        return 130 if isinstance(e, Interrupted) else 2
 
 
 def job(request, argv):

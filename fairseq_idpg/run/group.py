@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from fairseq_idpg.errors import ConfigError, RunError
+from fairseq_idpg.errors import ConfigError, Interrupted, RunError
 from fairseq_idpg.files import write_json
 from fairseq_idpg.member_flags import shared_folders, split_own
 from fairseq_idpg.run.execution import (
@@ -118,15 +118,14 @@ def execute_group(plans):
         if training:
             try:
                 _train(training)
-            except RunError as e:
-                if interrupted(e):  # the members' threads end with the process, not here: their folders stay
-                    _HELD_UNTIL_EXIT.append(stack.pop_all())  # locked until then (the kernel releases a flock)
+            except Interrupted:  # the members' threads end with the process, not here: their folders stay locked
+                _HELD_UNTIL_EXIT.append(stack.pop_all())  # until then (the kernel releases a flock)
                 raise
         for p, lock, _ in todo:
             try:
                 _finish(p, lock, [q.folder.name for q, _ in training if q is not p])
             except RunError as e:
-                if interrupted(e):  # the group was stopped: no member's scoring starts after it
+                if isinstance(e, Interrupted):  # the group was stopped: no member's scoring starts after it
                     raise
                 print(f"run.sh: error: {p.folder.name}: {e}", file=sys.stderr, flush=True)
                 errors.append(f"{p.folder.name}: {e}")
@@ -160,7 +159,7 @@ def _train(training):
         try:
             outcome = run_members(shared, members, say)
         except KeyboardInterrupt:
-            raise RunError(f"interrupted; {log.name} and each run's train.log keep the output; the same command "
+            raise Interrupted(f"interrupted; {log.name} and each run's train.log keep the output; the same command "
                            "resumes every run") from None  # fmt: skip
         except ConfigError as e:  # fairseq refused the flags: each member is judged by its own log below
             say(f"{PROG}: error: {' '.join(str(e).split())}")
@@ -233,16 +232,11 @@ def main(argv=None):
     try:
         errors = execute_group(plans)
     except RunError as e:
-        if not interrupted(e):
+        if not isinstance(e, Interrupted):
             raise
         print(f"run.sh: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 130
     return 1 if errors else 0
-
-
-def interrupted(error):
-    """Whether a RunError says the command was stopped (Ctrl-C, SIGTERM), not that it failed."""
-    return str(error).startswith("interrupted")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from fairseq_idpg.errors import RunError
+from fairseq_idpg.errors import Interrupted, RunError
 
 ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: error: MESSAGE (exit status 2)
 
@@ -228,7 +228,7 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGINT, previous_interrupt)
     if interrupted.is_set() or code in (-signal.SIGINT, -signal.SIGTERM, 130):
-        raise RunError(f"interrupted; {log} keeps the output; the same command resumes")
+        raise Interrupted(f"interrupted; {log} keeps the output; the same command resumes")
     if code == 2 and refused is not None:
         raise Refused(refused.split(": error: ", 1)[1].strip())
     if refused is not None and (show is None or show(refused)):
@@ -265,7 +265,7 @@ def call(cmd, log=print):
     if refused:
         raise Refused(refused.split(": error: ", 1)[1].strip())
     if proc.returncode in (-signal.SIGINT, 130):
-        raise RunError(f"interrupted: {Path(cmd[1]).name if len(cmd) > 1 else cmd[0]}; the same command resumes")
+        raise Interrupted(f"interrupted: {Path(cmd[1]).name if len(cmd) > 1 else cmd[0]}; the same command resumes")
     if proc.returncode:
         raise RunError(f"command failed with exit code {proc.returncode}: {shlex.join(cmd)}")
     return time.time() - start
