@@ -249,8 +249,10 @@ class RunConfig:
         """The request that makes the run of a ``config.json`` again (explicit lr, batch, budget and
         device layout, so a later recipe default does not change it); ``run``: work_dir, raw, ..."""
         provenance = config["data"]["provenance"] or {}
+        from fairseq_idpg.preprocessing.prepare import seeded
+
         split_dev = bool(provenance.get("split_dev"))
-        sampled = provenance.get("few_shot") is not None or provenance.get("dev_from_train") is not None or split_dev
+        sampled = seeded(provenance.get("few_shot"), provenance.get("dev_from_train"), split_dev)
         budget = {"epochs": config["epochs"]} if config["epochs"] is not None else {"max_update": config["updates"]}
         added = {f.name: config[f.name] for f, _ in cls.options() if f.metadata["config"] and f.name in config}
         return cls(

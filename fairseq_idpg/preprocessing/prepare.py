@@ -418,9 +418,10 @@ def check_sampling(few_shot: Optional[int], dev_from_train: Optional[int], split
 
 
 def split_in_half(examples: List[Example], seed: int, name: str = "the dev file") -> Tuple[list, list]:
-    """(selecting half, reporting half) of one labelled dev file, as the split-dev protocol of ReFT (Wu et al.
-    2024) draws them: the first floor(n / 2) examples of ``RandomState(seed).permutation(n)`` select (``valid``),
-    the other ceil(n / 2) are scored (``test``). A fresh RandomState per file: MNLI's matched split does not
+    """(selecting half, reporting half) of one labelled dev file, for the split-dev protocol of ReFT (Wu et al.
+    2024; the paper says the dev set is halved, not how its halves are drawn; this draw is the project's): the first
+    floor(n / 2) examples of ``RandomState(seed).permutation(n)`` select (``valid``), the other ceil(n / 2) are
+    scored (``test``). A fresh RandomState per file: MNLI's matched split does not
     depend on its mismatched file. Each half keeps the file's order."""
     if len(examples) < 2:
         raise PrepareError(f"--split-dev: {name} has {len(examples)} example(s); splitting it in half needs 2 or more")
