@@ -12,6 +12,7 @@ carry no subset name (its progress bar prints without a tag); ``validate_scores`
 the subsets in the order they were asked for.
 """
 
+import contextlib
 import json
 import logging
 import re
@@ -113,8 +114,26 @@ def validate_scores(text: str, subsets) -> Dict[str, dict]:
     return {subset: e.stats for subset, e in zip(subsets, scored, strict=False)}
 
 
+SETUP_LOGGERS = ("fairseq", "fairseq_idpg")
+
+
 def quiet_setup_logs():
     """A launcher (run.sh, a sweep) builds models only to check and plan them: fairseq's INFO lines (the
     backbone loaded, the parameter counts) belong to the runs' own output, not before their headers."""
-    for name in ("fairseq", "fairseq_idpg"):
+    for name in SETUP_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def setup_logs_shown():
+    """``quiet_setup_logs`` lifted meanwhile: for a fairseq command run in a launcher's process
+    (``run.processes.tee_here``), whose log holds all that the command prints as a process of its own."""
+    loggers = [logging.getLogger(name) for name in SETUP_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.NOTSET)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

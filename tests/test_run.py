@@ -400,6 +400,100 @@ def test_interrupted_command_leaves_its_log(tmp_path):
     assert log.read_text().splitlines()[0] == "first"  # then whatever the command printed as it stopped
 
 
+def test_a_command_run_in_this_process_logs_and_fails_as_its_own_process_would(tmp_path, capsys):
+    """``tee_here`` (fairseq-validate in run.sh's process): its logging at INFO in fairseq's format (also under the
+    launcher's quieted fairseq loggers), stdout and stderr reach the log and the returned output, not the
+    terminal; a one-line refusal is a Refused, a crash a RunError naming the exit status with the traceback in the
+    log, Ctrl-C an Interrupted; this process's argv, logging and signal handlers are as before each time."""
+    import logging
+
+    from fairseq_idpg.errors import Interrupted, RunError
+    from fairseq_idpg.logs import quiet_setup_logs
+    from fairseq_idpg.run.processes import Refused, tee_here
+
+    def state():
+        root, handlers = logging.getLogger(), (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+        return list(sys.argv), root.handlers[:], root.level, logging.getLogger("fairseq").level, handlers
+
+    quiet_setup_logs()
+    before = state()
+
+    def scores():
+        logging.getLogger("fairseq.logging.progress_bar").info('{"loss": "1.5"}')
+        print("argv", sys.argv[1:])
+        print("a warning", file=sys.stderr)
+
+    seconds, out = tee_here(["fairseq-validate", "data", "--cpu"], scores, tmp_path / "ok.log")
+    assert '| INFO | fairseq.logging.progress_bar | {"loss": "1.5"}' in out and "argv ['data', '--cpu']" in out
+    assert "a warning" in out and (tmp_path / "ok.log").read_text() == out and seconds >= 0
+    shown = capsys.readouterr()
+    assert shown.out == "+ fairseq-validate data --cpu\n" and shown.err == ""
+
+    def refuses():
+        print("usage: fairseq-validate ...", file=sys.stderr)
+        print("fairseq-validate: error: --path: no such file", file=sys.stderr)
+        sys.exit(2)
+
+    with pytest.raises(Refused, match="^--path: no such file$"):
+        tee_here(["fairseq-validate"], refuses, tmp_path / "refused.log")
+
+    def crashes():
+        raise KeyError("the bug")
+
+    with pytest.raises(RunError, match="exit code 1: fairseq-validate") as failed:
+        tee_here(["fairseq-validate"], crashes, tmp_path / "crash.log")
+    assert "KeyError: 'the bug'" in str(failed.value) and "Traceback" in (tmp_path / "crash.log").read_text()
+
+    def interrupted():
+        print("first")
+        raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="the same command resumes"):
+        tee_here(["fairseq-validate"], interrupted, tmp_path / "stopped.log")
+    assert (tmp_path / "stopped.log").read_text() == "first\n"
+    assert state() == before and before[3] == logging.WARNING
+
+
+def test_a_script_run_in_this_process_says_and_fails_as_its_own_process_would(capsys):
+    """``call_here`` (prepare_data.py in run.sh's process): ``+`` and the command, its main given the script's
+    arguments; its stderr said after it, but a one-line refusal only as a Refused (run.sh says it once); Ctrl-C or
+    SIGTERM (SystemExit 143 from the script's handlers) an Interrupted after the script's own line; a crash a
+    RunError with the traceback on stderr."""
+    from fairseq_idpg.errors import Interrupted, RunError
+    from fairseq_idpg.run.processes import Refused, call_here
+
+    cmd = ["python3", "scripts/prepare_data.py", "SST-2", "--out", "data"]
+    given = []
+    assert call_here(cmd, lambda argv: given.append(argv) or print("note", file=sys.stderr) or 0) >= 0
+    assert given == [["SST-2", "--out", "data"]]
+    said = capsys.readouterr()
+    assert said.out == "+ python3 scripts/prepare_data.py SST-2 --out data\n" and said.err == "note\n"
+
+    def refuses(argv):
+        print("prepare_data.py: error: --raw x: not found", file=sys.stderr)
+        return 2
+
+    with pytest.raises(Refused, match=r"^--raw x: not found$"):
+        call_here(cmd, refuses)
+    assert capsys.readouterr().err == ""
+
+    def stopped(code):
+        def main(argv):
+            print("interrupted: prepare_data SST-2 --out data: nothing finished yet", file=sys.stderr)
+            raise SystemExit(code) if code else KeyboardInterrupt
+
+        return main
+
+    for code in (143, None):
+        with pytest.raises(Interrupted, match=r"^interrupted: prepare_data.py; the same command resumes$"):
+            call_here(cmd, stopped(code))
+        assert capsys.readouterr().err == "interrupted: prepare_data SST-2 --out data: nothing finished yet\n"
+
+    with pytest.raises(RunError, match="exit code 1: python3 scripts/prepare_data.py"):
+        call_here(cmd, lambda argv: {}["missing"])
+    assert "KeyError: 'missing'" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------- data provenance
 def test_data_prepared_again_when_its_raw_files_or_bpe_differ(shared_data, tiny, tmp_path, capsys):
     sst2 = shared_data / "glue" / "SST-2"

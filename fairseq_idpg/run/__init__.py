@@ -20,7 +20,9 @@ Every stage is the ordinary command a researcher would type (printed with ``+``)
 ``scripts/prepare_data.py`` -> ``fairseq-train`` (through ``fairseq_idpg.launch`` for N devices;
 its output reaches the terminal as it comes, with an estimate of the time left, and ``train.log``)
 -> ``fairseq-validate`` on ``checkpoint_best.pt`` (``validate.log``) -> ``results.json`` (the
-scores as numbers, the seed, the configuration, the git commit, the timings, the command).
+scores as numbers, the seed, the configuration, the git commit, the timings, the command). The
+first and the last run in this process (their entry points: ``processes.call_here`` and ``tee_here``),
+an interpreter start fewer each.
 Prepared data is reused while its provenance (``task.json``: raw files' and BPE files' sha256,
 sampling) matches what would be prepared now, and prepared again otherwise, saying why.
 

@@ -16,7 +16,7 @@ from fairseq_idpg.errors import RunError
 from fairseq_idpg.files import write_json
 from fairseq_idpg.launch import console_script
 from fairseq_idpg.layout import REPO
-from fairseq_idpg.run.processes import ConsoleFilter, Refused, TrainingEta, tee
+from fairseq_idpg.run.processes import ConsoleFilter, Refused, TrainingEta, tee, tee_here
 from fairseq_idpg.run.record import read_run_file, read_run_folder, show_scores, write_record
 
 
@@ -253,7 +253,9 @@ def score(p, lock=None):
         validate += ["--max-tokens", p.request.max_tokens]
     if not _cuda():
         validate.append("--cpu")
-    seconds, out = tee(validate, save / "validate.log", show=lambda line: False, keep=True, hold=lock)
+    from fairseq_cli.validate import cli_main  # this process has torch and fairseq: no second interpreter
+
+    seconds, out = tee_here(validate, cli_main, save / "validate.log")
     p.timings["validate"] = round(seconds, 1)
     try:
         results = validate_scores(out, p.evals)

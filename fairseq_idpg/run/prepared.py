@@ -18,7 +18,7 @@ from fairseq_idpg.layout import (
     raw_dir,
     raw_places,
 )
-from fairseq_idpg.run.processes import call
+from fairseq_idpg.run.processes import call, call_here
 
 
 def prepare_if_needed(
@@ -65,11 +65,18 @@ def prepare_if_needed(
         return info, reasons, wanted, None
     if info is not None:
         log(f"data: preparing {data} again: {'; '.join(reasons)}", flush=True)
-    seconds = call(prepare, log)
+    seconds = call_here(prepare, _script_main(prepare[1]), log)  # the script's main: an interpreter start fewer
     info = TaskInfo.read(data)
     if info is None:
         raise RunError(f"{data}: prepare_data.py wrote no task.json")
     return info, reasons, wanted, seconds
+
+
+def _script_main(path):
+    """The ``main(argv)`` of a script of this checkout (scripts/prepare_data.py), loaded as a module."""
+    import runpy
+
+    return runpy.run_path(str(path), run_name="prepare_data")["main"]
 
 
 class Data(NamedTuple):

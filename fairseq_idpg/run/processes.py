@@ -239,6 +239,124 @@ def tee(cmd, log, progress=None, show=None, keep=False, hold=None):
     return time.time() - start, "".join(lines)
 
 
+FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's logging.basicConfig
+
+
+class _Lines:
+    """A text stream that appends what is written to a log file (flushed line by line) and keeps it."""
+
+    def __init__(self, f):
+        self.f, self.kept = f, []
+
+    def write(self, text):
+        self.f.write(text)
+        self.f.flush()
+        self.kept.append(text)
+        return len(text)
+
+    def flush(self):
+        self.f.flush()
+
+
+def tee_here(cmd, cli_main, log):
+    """``tee(cmd, log, show=<nothing>, keep=True)`` for a console script run in this process: ``cli_main`` (the
+    script's entry point; it reads ``sys.argv``, set to ``cmd`` meanwhile) instead of a new interpreter, which
+    would spend about 5 s of CPU importing torch and fairseq again. The same ``+`` line, log, returned output and
+    errors: its logging (fairseq's format, at INFO or $LOGLEVEL), prints and warnings go to ``log`` and nowhere
+    else; its one-line refusal is a ``Refused``; another exit status or exception a ``RunError`` with the log's
+    last lines (the traceback in the log); Ctrl-C or SIGTERM an ``Interrupted``. This process's own logging,
+    argv and signal handlers are restored afterwards. For commands that leave no state behind (fairseq-validate
+    scores a checkpoint); call it from the main thread (signal handlers)."""
+    import contextlib
+    import logging
+    import traceback
+
+    from fairseq_idpg.logs import setup_logs_shown
+
+    cmd = [str(c) for c in cmd]
+    print("+ " + shlex.join(cmd), flush=True)
+    start = time.time()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, sys.argv
+    code = 0
+    with open(log, "a", encoding="utf-8") as f:
+        out = _Lines(f)
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))
+        root.handlers, sys.argv = [handler], cmd
+        root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), setup_logs_shown():
+                try:
+                    cli_main()
+                except SystemExit as e:  # as the interpreter ends: sys.exit("message") prints it, status 1
+                    if isinstance(e.code, str):
+                        out.write(e.code + "\n")
+                    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                except KeyboardInterrupt:
+                    raise Interrupted(f"interrupted; {log} keeps the output; the same command resumes") from None
+                except Exception:
+                    traceback.print_exc(file=out)
+                    code = 1
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_interrupt)
+            root.handlers, level, sys.argv = saved
+            root.setLevel(level)
+    lines = "".join(out.kept).splitlines(keepends=True)
+    refused = lines[-1] if lines and ONE_LINE_ERROR.match(lines[-1]) else None
+    if code == 2 and refused is not None:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if code:
+        tail = "".join(lines[-20:]).rstrip()
+        raise RunError(f"command failed with exit code {code}: {cmd[0]} ... {tail and chr(10) + tail}")
+    return time.time() - start, "".join(lines)
+
+
+def call_here(cmd, main, log=print):
+    """``call(cmd)`` for a Python script run in this process: ``main(argv)`` (the script's own, returning its exit
+    status; ``argv`` = ``cmd`` after the interpreter and the script) instead of a new interpreter, which would spend
+    about 5 s of CPU importing torch and fairseq again. The same ``+`` line and errors: its stderr is held and said
+    after it (its one-line refusal as a ``Refused``, said once by run.sh); a crash is a ``RunError`` with the
+    traceback on stderr; Ctrl-C or SIGTERM, which the script ends in its own words, an ``Interrupted``."""
+    import contextlib
+    import io
+    import traceback
+
+    cmd = [str(c) for c in cmd]
+    log("+ " + shlex.join(cmd), flush=True)
+    start = time.time()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(cmd[2:])
+        except KeyboardInterrupt:
+            code = 130
+        except SystemExit as e:  # SIGTERM in a script's handlers (128 + 15), or sys.exit
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    said = err.getvalue().splitlines(keepends=True)
+    refused = said.pop() if code == 2 and said and ONE_LINE_ERROR.match(said[-1]) else None
+    sys.stderr.write("".join(said))
+    if refused:
+        raise Refused(refused.split(": error: ", 1)[1].strip())
+    if code in (130, 128 + signal.SIGTERM):
+        raise Interrupted(f"interrupted: {Path(cmd[1]).name}; the same command resumes")
+    if code:
+        raise RunError(f"command failed with exit code {code}: {shlex.join(cmd)}")
+    return time.time() - start
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def call(cmd, log=print):
     """Run ``cmd`` (its output to the terminal); its one-line error is passed on as a ``Refused``, said once.
     Ctrl-C reaches the command too (same process group): it is given time to end in its own words (a data
