@@ -101,8 +101,8 @@ class RunConfig:
     dev_from_train: Optional[int] = option(None, "hold out N train examples as the dev set", metavar="N",
                                            check=POSITIVE,
                                            excludes=("split_dev", "--dev-from-train samples its dev set from train"))
-    split_dev: bool = option(False, "split each dev set in half: one half selects the checkpoint, the other is "
-                             "scored (test; ReFT's GLUE protocol)",
+    split_dev: bool = option(False, "split each dev set in two: half of it (1,000 rows of one over 5,000) selects the "
+                             "checkpoint, the rest is scored (test; ReFT's GLUE protocol)",
                              excludes=("few_shot", "--few-shot samples its dev set from train"))
     data_seed: int = option(1, "seed of --few-shot / --dev-from-train / --split-dev (default 1)",
                             check=NON_NEGATIVE)

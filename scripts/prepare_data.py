@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--split-dev",
         action="store_true",
-        help="split each dev file in half: valid (floor(n/2), selects) and test (the rest, scored); train whole",
+        help="split each dev file in two: valid (floor(n/2), 1000 over 5000 rows; selects) and test (the rest, "
+        "scored); train whole",
     )
     parser.add_argument(
         "--seed", type=int, default=1, help="seed of --few-shot / --dev-from-train / --split-dev (default 1)"

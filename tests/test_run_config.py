@@ -499,7 +499,7 @@ def test_a_flag_passed_through_then_typed_keeps_its_runs_folder(shared_data, sta
 # runs are refused here (the refusal is part of the digest); the specs with IDPG or IDPG Table 1's prompts changed
 # with START_CHANGED (new folders for the new start)
 SPEC_RUN_NAMES = {
-    "examples/baselines2026/glue.yaml": "1cb24626e1a0",  # split-dev, ReFT Table 4's protocol (was e8df66be80fa)
+    "examples/baselines2026/glue.yaml": "85433450ada0",  # split-dev as pyreft: a split per seed (was 1cb24626e1a0)
     "examples/baselines2026/vera-protocol.yaml": "887d75b75596",
     "examples/dpt/glue.yaml": "b077b0080826",
     "examples/dpt/smoke.yaml": "ac42aa59b577",

@@ -1,5 +1,6 @@
-"""The split-dev protocol (ReFT Table 4's): each labelled dev file split in half by a seeded permutation, one half
-selecting the checkpoint (``valid{i}``), the other scored (``test{i}``), train whole. Through prepare_data.py,
+"""The split-dev protocol (ReFT Table 4's): each labelled dev file split in two by a seeded permutation, half of it
+(1,000 rows of a file over 5,000, as ReFT's code) selecting the checkpoint (``valid{i}``), the rest scored
+(``test{i}``), train whole. Through prepare_data.py,
 run.sh's ``--split-dev`` (its own data folder, its records' budget and reported split) and a sweep's
 ``budget: {split_dev: true}``; a run without it keeps the folder name it had before the option existed."""
 
@@ -15,7 +16,7 @@ from records_support import record
 from fairseq_idpg import run as main_job
 from fairseq_idpg.errors import SweepError
 from fairseq_idpg.preprocessing import Example, PrepareError, get_task, make_splits
-from fairseq_idpg.preprocessing.prepare import provenance_differences, read_raw
+from fairseq_idpg.preprocessing.prepare import SPLIT_DEV_RULE, provenance_differences, read_raw, split_for_selection
 from fairseq_idpg.results.records import budget_of, reported_split
 from fairseq_idpg.results.table import split_label
 from fairseq_idpg.run_config import RunConfig, RunError
@@ -49,6 +50,16 @@ def test_each_dev_half_is_disjoint_covers_the_file_and_follows_the_seed(shared_d
     assert rows(again["valid"]) == rows(splits["valid"])
     other = make_splits(spec, data, None, None, seed=2, split_dev=True)
     assert rows(other["valid"]) != rows(splits["valid"]) and len(other["valid"]) == 138
+
+
+@pytest.mark.parametrize("n,selecting", [(5001, 1000), (5463, 1000), (5000, 2500), (9815, 1000), (3, 1)])
+def test_a_dev_file_over_5000_rows_gives_1000_to_selection_as_refts_code(n, selecting):
+    """pyreft's GLUE script (examples/loreft/train.py): 1,000 selecting rows of a dev set over 5,000 (MNLI, QQP, QNLI:
+    QNLI's 5,463 and MNLI's 9,815 are here), else half; the rest is scored."""
+    examples = [Example((f"s {i}",), "0") for i in range(n)]
+    select, report = split_for_selection(examples, seed=2)
+    assert (len(select), len(report)) == (selecting, n - selecting)
+    assert sorted(e.texts for e in select + report) == sorted(e.texts for e in examples)
 
 
 def test_mnli_splits_both_dev_files():
@@ -103,7 +114,7 @@ def test_prepare_data_split_dev_cli_writes_both_halves(shared_data, roberta_bpe,
     info = json.loads((out / "task.json").read_text())
     assert info["splits"] == {"train": 24, "valid": 10, "test": 11}
     assert (info["split_dev"], info["seed"], info["provenance"]["split_dev"], info["provenance"]["seed"]) == (
-        True, 3, True, 3
+        True, 3, SPLIT_DEV_RULE, 3
     )  # fmt: skip
     expected = make_splits(get_task("RTE"), read_raw(get_task("RTE"), raw), None, None, 3, split_dev=True)
     labels = Dictionary.load(str(out / "label" / "dict.txt"))
@@ -118,6 +129,9 @@ def test_prepare_data_split_dev_cli_writes_both_halves(shared_data, roberta_bpe,
     assert provenance_differences(recorded["provenance"], info["provenance"]) == [
         "sampling seed None -> 3", "--split-dev off -> on"
     ]  # fmt: skip
+    # data split by the earlier rule (every file halved; its provenance said true) is prepared again
+    earlier = {**info["provenance"], "split_dev": True}
+    assert provenance_differences(earlier, info["provenance"]) == [f"--split-dev's rule True -> {SPLIT_DEV_RULE!r}"]
 
 
 # ---------------------------------------------------------------------------------------- run.sh
@@ -145,7 +159,7 @@ def test_runs_without_split_dev_keep_their_names_and_split_dev_runs_get_their_ow
         assert (found, "split_dev" in config["data"]["provenance"]) == (digest, False), argv
     config, found, folder = planned(["RTE", "--method", "lora", "--split-dev", "--data-seed", "2"], tmp_path / "work")
     assert config["data"]["folder"] == "WORK/data-bin/standin/RTE.split-dev.seed2"
-    assert (config["data"]["provenance"]["split_dev"], config["data"]["provenance"]["seed"]) == (True, 2)
+    assert (config["data"]["provenance"]["split_dev"], config["data"]["provenance"]["seed"]) == (SPLIT_DEV_RULE, 2)
     assert found not in BEFORE.values() and config["select_on"] == "valid"
     assert RunConfig.from_config(config).split_dev and RunConfig.from_config(config).data_seed == 2
 
@@ -190,7 +204,7 @@ def test_a_sweep_with_split_dev_plans_its_runs_on_the_split_data(shared_data, st
     assert "--split-dev" in runs[0].argv("standin", tmp_path / "work")
     p = main_job.plan(runs[0].request("standin", tmp_path / "work", dry_run=True), log=main_job.quiet)
     assert p.config["data"]["folder"] == str(tmp_path / "work" / "data-bin" / "standin" / "RTE.split-dev.seed5")
-    assert p.config["data"]["provenance"]["split_dev"] is True
+    assert p.config["data"]["provenance"]["split_dev"] == SPLIT_DEV_RULE
     each_seed = load_spec(spec_file(tmp_path, "{split_dev: true}")).runs  # data_seed: the run's seed
     assert [r.data_seed for r in each_seed] == [1, 2]
 

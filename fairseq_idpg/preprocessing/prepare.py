@@ -264,8 +264,8 @@ def provenance(
 ) -> Dict[str, Any]:
     """What a prepared folder is made from: the raw folder and the sha256 of each of the task's raw
     files, the BPE and the sha256 of its files, the sampling (few-shot K, dev-from-train N, split-dev, seed).
-    ``split_dev`` is a key only where set: the provenance of other data, and so the names of the runs on it
-    (``fairseq_idpg/run/identity.py`` hashes it), are what they were before it existed."""
+    ``split_dev`` is a key only where set (its value: ``SPLIT_DEV_RULE``): the provenance of other data, and so the
+    names of the runs on it (``fairseq_idpg/run/identity.py`` hashes it), are what they were before it existed."""
     spec = task if isinstance(task, TaskSpec) else get_task(task)
     raw = Path(raw)
     return {
@@ -275,7 +275,7 @@ def provenance(
         "bpe_sha256": {name: file_sha256(path) for name, path in bpe_files(bpe, bpe_dir, vocab).items()},
         "few_shot": few_shot,
         "dev_from_train": dev_from_train,
-        **({"split_dev": True} if split_dev else {}),
+        **({"split_dev": SPLIT_DEV_RULE} if split_dev else {}),
         "seed": seed if seeded(few_shot, dev_from_train, split_dev) else None,
     }
 
@@ -307,6 +307,8 @@ def provenance_differences(recorded: Optional[Dict[str, Any]], wanted: Dict[str,
     if bool(recorded.get("split_dev")) != bool(wanted.get("split_dev")):
         said = {True: "on", False: "off"}
         reasons.append(f"--split-dev {said[bool(recorded.get('split_dev'))]} -> {said[bool(wanted.get('split_dev'))]}")
+    elif recorded.get("split_dev") != wanted.get("split_dev"):  # split by an earlier rule (True: every file halved)
+        reasons.append(f"--split-dev's rule {recorded['split_dev']!r} -> {wanted['split_dev']!r}")
     return reasons
 
 
@@ -374,11 +376,13 @@ def make_splits(
     """Split name -> examples. Without sampling the labelled dev/test files are valid, valid1;
     with sampling the dev set comes from train and those files become test, test1 (fairseq's
     names for the second, third... file of ``--validpref``/``--testpref``). ``split_dev``: each of
-    those files is split in two (``split_in_half``), valid{i} and test{i}; train stays whole."""
+    those files is split in two (``split_for_selection``), valid{i} and test{i}; train stays whole."""
     train, *evals = [data[f] for f in spec.files]
     check_sampling(few_shot, dev_from_train, split_dev)
     if split_dev:
-        halves = [split_in_half(examples, seed, name) for name, examples in zip(spec.files[1:], evals, strict=True)]
+        halves = [
+            split_for_selection(examples, seed, name) for name, examples in zip(spec.files[1:], evals, strict=True)
+        ]
         select, report = [s for s, _ in halves], [r for _, r in halves]
         return {"train": train, **_numbered("valid", select), **_numbered("test", report)}
     if few_shot is None and dev_from_train is None:
@@ -417,16 +421,24 @@ def check_sampling(few_shot: Optional[int], dev_from_train: Optional[int], split
         raise PrepareError(f"--split-dev and {other} exclude each other ({other} samples its dev set from train)")
 
 
-def split_in_half(examples: List[Example], seed: int, name: str = "the dev file") -> Tuple[list, list]:
-    """(selecting half, reporting half) of one labelled dev file, for the split-dev protocol of ReFT (Wu et al.
-    2024; the paper says the dev set is halved, not how its halves are drawn; this draw is the project's): the first
-    floor(n / 2) examples of ``RandomState(seed).permutation(n)`` select (``valid``), the other ceil(n / 2) are
-    scored (``test``). A fresh RandomState per file: MNLI's matched split does not
-    depend on its mismatched file. Each half keeps the file's order."""
+# ReFT's GLUE split (pyreft examples/loreft/train.py): a dev file of more than 5,000 rows gives 1,000 to selection
+SPLIT_DEV_LARGE, SPLIT_DEV_SELECT = 5000, 1000
+SPLIT_DEV_RULE = "select floor(n/2) rows, 1000 when n > 5000"  # in the provenance: data split otherwise is redone
+
+
+def split_for_selection(examples: List[Example], seed: int, name: str = "the dev file") -> Tuple[list, list]:
+    """(selecting part, scored part) of one labelled dev file, as ReFT (Wu et al. 2024, Table 4) splits GLUE's dev
+    sets in its code: floor(n / 2) examples select the checkpoint (``valid``), or 1,000 where the file has more than
+    5,000 (MNLI, QQP, QNLI), and the rest are scored (``test``). ReFT draws them with torch's random_split from its
+    run's seed; here the first examples of ``RandomState(seed).permutation(n)`` select (the same sizes, a draw of
+    the project's, stable across versions). A fresh RandomState per file: MNLI's matched split does not depend on
+    its mismatched file. Each part keeps the file's order."""
     if len(examples) < 2:
-        raise PrepareError(f"--split-dev: {name} has {len(examples)} example(s); splitting it in half needs 2 or more")
-    order = np.random.RandomState(seed).permutation(len(examples))
-    select, report = order[: len(examples) // 2], order[len(examples) // 2 :]
+        raise PrepareError(f"--split-dev: {name} has {len(examples)} example(s); splitting it needs 2 or more")
+    n = len(examples)
+    select_n = SPLIT_DEV_SELECT if n > SPLIT_DEV_LARGE else n // 2
+    order = np.random.RandomState(seed).permutation(n)
+    select, report = order[:select_n], order[select_n:]
     return [examples[i] for i in sorted(select)], [examples[i] for i in sorted(report)]
 
 
