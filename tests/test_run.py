@@ -788,7 +788,7 @@ def test_a_diverged_run_is_a_result_without_a_score(tmp_path, capsys, monkeypatc
         raise main_job.RunError("command failed with exit code 1: fairseq-train ...")
 
     monkeypatch.setattr(execution, "train", diverging_train)
-    monkeypatch.setattr(execution, "score", lambda p, lock=None: pytest.fail("a diverged run is not scored"))
+    monkeypatch.setattr(execution, "score", lambda p: pytest.fail("a diverged run is not scored"))
     assert main_job.execute(plan) == 0
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
@@ -852,7 +852,7 @@ def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, monkeypatch
         assert (folder / "config.json").read_text() == "the other process's\n"  # not even --restart touched it
     trained = []
     monkeypatch.setattr(execution, "train", lambda p, lock=None: trained.append(p.folder))
-    monkeypatch.setattr(execution, "score", lambda p, lock=None: (_ for _ in ()).throw(main_job.RunError("scored")))
+    monkeypatch.setattr(execution, "score", lambda p: (_ for _ in ()).throw(main_job.RunError("scored")))
     with pytest.raises(main_job.RunError, match="^scored$"):
         main_job.execute(plan)  # --restart emptied the folder (its lock kept) and trained it
     assert trained == [folder] and json.loads((folder / "config.json").read_text()) == plan.config

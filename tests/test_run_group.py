@@ -24,7 +24,7 @@ def members(tmp_path, monkeypatch):
 
 
 def scoring(scored, fails):
-    def finish(p, lock, fused_with):
+    def finish(p, fused_with):
         scored.append(p.folder.name)
         if p.folder.name in fails:
             raise fails[p.folder.name]

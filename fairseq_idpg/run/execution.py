@@ -47,10 +47,11 @@ class InUse(RunError):
 @contextlib.contextmanager
 def run_folder_lock(save):
     """Held while the run in ``save`` is trained or scored, and by whoever writes it: the file descriptor
-    it yields is passed on to fairseq-train and fairseq-validate (``tee(..., hold=fd)``), so a trainer
-    that outlives its launcher keeps the folder locked until it ends. A second process on the same
-    configuration (another sweep, a second run.sh) stops with one line instead of writing the same
-    checkpoints and logs. A flock goes with the last process holding it: a killed run leaves none held."""
+    it yields is passed on to fairseq-train (``tee(..., hold=fd)``), so a trainer that outlives its
+    launcher keeps the folder locked until it ends (fairseq-validate runs in this process, under it).
+    A second process on the same configuration (another sweep, a second run.sh) stops with one line
+    instead of writing the same checkpoints and logs. A flock goes with the last process holding it:
+    a killed run leaves none held."""
     import fcntl
 
     save.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,7 @@ def execute_locked(p, new, lock=None):
         write_record(p, {}, diverged=found)
         print(diverged_line(found, p.config["lr"]), file=sys.stderr)
         return 0
-    results = score(p, lock)
+    results = score(p)
     write_record(p, results)
     return 0
 
@@ -234,7 +235,7 @@ def peak_memory(train_log):
     return {"mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024), "of": "host, peak resident"}
 
 
-def score(p, lock=None):
+def score(p):
     """fairseq-validate's scores of checkpoint_best.pt on every dev (and test) split: {split: {metric: value}}."""
     from fairseq_idpg.logs import validate_scores
 

@@ -121,9 +121,9 @@ def execute_group(plans):
             except Interrupted:  # the members' threads end with the process, not here: their folders stay locked
                 _HELD_UNTIL_EXIT.append(stack.pop_all())  # until then (the kernel releases a flock)
                 raise
-        for p, lock, _ in todo:
+        for p, _, _ in todo:
             try:
-                _finish(p, lock, [q.folder.name for q, _ in training if q is not p])
+                _finish(p, [q.folder.name for q, _ in training if q is not p])
             except RunError as e:
                 if isinstance(e, Interrupted):  # the group was stopped: no member's scoring starts after it
                     raise
@@ -183,7 +183,7 @@ def _release_device_memory():
         torch.cuda.empty_cache()
 
 
-def _finish(p, lock, fused_with):
+def _finish(p, fused_with):
     """Score a member and write its record: as ``execution.execute_locked`` does for a lone run."""
     save = p.folder
     found = divergence(save / "train.log")
@@ -199,7 +199,7 @@ def _finish(p, lock, fused_with):
         if lines and ONE_LINE_ERROR.match(lines[-1]):  # the trainer's one line (a full disk), as a lone run says it
             raise Refused(lines[-1].split(": error: ", 1)[1].strip())
         raise RunError(f"training stopped at update {done} of {p.config['updates']}: {lines[-1] if lines else ''}")
-    results = score(p, lock)
+    results = score(p)
     write_record(p, results, extra={"fused_with": fused_with} if fused_with else None)
 
 
