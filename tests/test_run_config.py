@@ -515,6 +515,7 @@ SPEC_RUN_NAMES = {
     "examples/inducer/ablations.yaml": "b6073a51ae39",
     "examples/inducer/nlu.yaml": "2493d6e50dd9",
     "examples/inducer/smoke.yaml": "3e451466ed75",
+    "examples/study/standin-baselines2026.yaml": "3642c21f28eb",
     "examples/study/standin-dpt-diagnosis.yaml": "bf0091aebfc2",
     "examples/study/standin-dpt-glue.yaml": "c484166c3823",
     "examples/study/standin-fewshot.yaml": "26b5d6713e6d",
