@@ -340,9 +340,9 @@ def optimizer_steps(optimizer):
     return [state["step"] for state in optimizer.state.values() if torch.is_tensor(state.get("step"))]
 
 
-def step_launches(forward, params, labels, warmup=2, trace=True) -> Launches:
-    """The launches of one training step after ``warmup`` steps: ``forward()`` (logits), fp32 cross-entropy,
-    backward, ``torch.optim.Adam`` (foreach, as on CUDA) over ``params``, gradients set to None."""
+def training_step(forward, params, labels, warmup=2):
+    """(step, optimizer): a training step, run ``warmup`` times already: ``forward()`` (logits), fp32
+    cross-entropy, backward, ``torch.optim.Adam`` (foreach, as on CUDA) over ``params``, gradients set to None."""
     optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-6, foreach=True)
 
     def step():
@@ -353,7 +353,7 @@ def step_launches(forward, params, labels, warmup=2, trace=True) -> Launches:
 
     for _ in range(warmup):
         step()
-    return count_launches(step, trace=trace, host=optimizer_steps(optimizer))
+    return step, optimizer
 
 
 # ---------------------------------------------------------------------------------------- the models
@@ -486,16 +486,25 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def model_launches(build, name, shape, layers=None, dtype=torch.bfloat16, trace=True):
-    """The launches of one warmed-up training step of ``build(name, shape, layers, dtype)`` (``ours`` or
-    ``theirs``), on one thread; None where ``build`` gives no model."""
+def model_step_count(build, name, shape, layers, dtype, count):
+    """``count(step, optimizer)`` of a warmed-up ``training_step`` of ``build(name, shape, layers, dtype)``
+    (``ours`` or ``theirs``) on its tiny batch, on one thread; None where ``build`` gives no model."""
     built = build(name, shape, layers, dtype)
     if built is None:
         return None
     model, forward = built
     _, labels = tiny_batch(shape)
     with one_thread():
-        return step_launches(forward, trained(model), labels, trace=trace)
+        step, optimizer = training_step(forward, trained(model), labels)
+        return count(step, optimizer)
+
+
+def model_launches(build, name, shape, layers=None, dtype=torch.bfloat16, trace=True):
+    """The launches of one warmed-up training step of ``build(name, shape, layers, dtype)`` (``model_step_count``)."""
+    return model_step_count(
+        build, name, shape, layers, dtype,
+        lambda step, optimizer: count_launches(step, trace=trace, host=optimizer_steps(optimizer)),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ that model with every weight trained), at the same tiny shape (``--layers`` deep
 ``--dtype``), each counted over one training step (forward, fp32 cross-entropy, backward, Adam with
 ``foreach``) after two warm-up steps. Printed per method: launches per update, per layer (from a model half
 as deep) and fixed (the rest), ours / PEFT, and with ``--top N`` the N source lines of ours that issue the
-most (a backward operator under the forward line that made it).
+most (a backward operator under the forward line that made it). Then the same steps of the methods with a
+counterpart counted by a second tracer (``fairseq_idpg/profiled_launches.py``: torch.profiler's events, the
+CPU's own dropout and attention), and one whole fairseq-train update against the model step.
 """
 
 import argparse
@@ -27,6 +29,7 @@ import torch
 
 from fairseq_idpg.launches import Shape, counterpart, ours, per_update, theirs, update_launches
 from fairseq_idpg.methods import METHODS, methods_where
+from fairseq_idpg.profiled_launches import model_profiled_launches
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the records with a counterpart, then the methods with none whose launches the project tracks
@@ -87,9 +90,21 @@ def main(argv=None):
             print(f"\n{name}: top source lines (ours)")
             for line, n in lines:
                 print(f"{n:>7,}  {line}")
+    second_tracer([name for name in args.methods if counterpart(name)], shape, dtype)
     if not args.no_update:
         whole_updates(args.methods, shape, dtype, {name: mine.total for name, mine in steps.items()}, args.top)
     return 0
+
+
+def second_tracer(methods, shape, dtype):
+    """The same steps (ours and the counterpart's) counted by torch.profiler's events (profiled_launches.py)."""
+    print("\nthe same steps by a second tracer (torch.profiler's events; the CPU's own dropout and attention)")
+    print(f"{'method':<17}{'ours':>8}{'theirs':>8}{'ratio':>7}")
+    for name in methods:
+        mine, peft = (
+            sum(model_profiled_launches(build, name, shape, dtype=dtype).values()) for build in (ours, theirs)
+        )
+        print(f"{name:<17}{mine:>8,}{peft:>8,}{mine / peft:>7.2f}", flush=True)
 
 
 def whole_updates(methods, shape, dtype, steps, top):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fairseq_idpg.launches import Shape, count_launches, launches_kernel, model_launches, ours, theirs
+from fairseq_idpg.profiled_launches import model_profiled_launches, profiled_launches
 
 # 24 layers x 32, batch 4 x 16 (a quarter of the rows padded): the counts of scripts/count_launches.py's
 # default shape (x 64, 4 x 32), which do not depend on the width or the batch
@@ -47,6 +48,22 @@ def test_views_and_allocations_launch_nothing():
 @pytest.mark.parametrize("name", ["finetune", "prompt-tuning-5", "prefix-tuning", "lora"])
 def test_launches_no_more_than_pefts(counted, name):
     assert counted("ours", name) <= counted("theirs", name)
+
+
+def test_the_second_tracer_counts_what_computes_once():
+    """torch.profiler's events: ``matmul`` (a composite) is its ``mm``, views count nothing, and an operator's
+    own inner work (``clone``'s copy) is not counted again."""
+    x = torch.randn(4, 4)
+    assert dict(profiled_launches(lambda: (x.t() @ x).view(16).add_(1))) == {"mm": 1, "add_": 1}
+    assert dict(profiled_launches(lambda: x.t().clone())) == {"clone": 1}
+
+
+@pytest.mark.parametrize("name", ["prompt-tuning-5", "lora"])
+def test_a_second_tracer_finds_ours_at_most_pefts_too(name):
+    """The same steps traced by torch.profiler, nothing patched (the CPU's own dropout and attention): ours at most
+    PEFT's by this count as well (docs/launches.md, "A second tracer", has fine-tuning and prefix tuning too)."""
+    mine, peft = (sum(model_profiled_launches(build, name, SHAPE).values()) for build in (ours, theirs))
+    assert mine <= peft, (mine, peft)
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
