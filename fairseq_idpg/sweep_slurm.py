@@ -26,13 +26,13 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 from fairseq_idpg.errors import SweepError
-from fairseq_idpg.run import IN_USE_EXIT, REPO, child_process_options, format_duration
+from fairseq_idpg.run import IN_USE_EXIT, REPO, format_duration
+from fairseq_idpg.slurm_task import RunTask, carried_by_value
 
 # states of a job that will still run (or run again): the sweep waits for them
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -146,58 +146,6 @@ def check_time(units, opts, model, measured, device):
         )
 
 
-# ---------------------------------------------------------------------------------------- the array task
-class RunTask:
-    """One array task (what submitit pickles and the job calls): the main job with its output in ``log``.
-    Raises with the log's tail when the run fails. On Slurm's signal before the time limit (or a
-    preemption), ``checkpoint`` stops the run, which keeps its checkpoints, and submitit requeues the job:
-    the requeued job resumes the run from its checkpoint_last.pt."""
-
-    def __init__(self):
-        self.proc = None
-
-    def __call__(self, argv, log, cwd, env=None):
-        with open(log, "a", encoding="utf-8") as f:
-            # Slurm counts the job's requeues (a preemption, scontrol requeue, the time limit's own)
-            restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-            again = f": requeued (restart {restarts}), resumes from checkpoint_last.pt" if restarts else ""
-            f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} slurm job {_job_id()}{again}\n")
-            f.flush()
-            environment = {**os.environ, **(env or {})}
-            self.proc = subprocess.Popen(
-                argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=environment, **child_process_options()
-            )
-            code = self.proc.wait()
-        if code and code != IN_USE_EXIT:
-            from fairseq_idpg.sweep_progress import tail
-
-            raise RuntimeError(f"the run (python -m {argv[2]}) exited with {code}; {log}:\n{tail(log)}")
-        return code
-
-    def checkpoint(self, argv, log, cwd, env=None):
-        """Stop the run (the main job passes SIGTERM on to fairseq-train; its checkpoints stay) and return
-        the same call for the requeued job."""
-        from submitit.helpers import DelayedSubmission
-
-        # in a signal handler, while __call__ waits on the run: Popen.wait here would wait for that wait's lock
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            for _ in range(600):  # up to 60 s; WNOWAIT: the run stays for __call__'s wait to reap
-                if os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                    break
-                time.sleep(0.1)
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(
-                f"# slurm job {_job_id()}: time limit near or preempted: requeued, resumes from checkpoint_last.pt\n"
-            )
-        return DelayedSubmission(RunTask(), argv, log, cwd, env)
-
-
-def _job_id():
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if array else os.environ.get("SLURM_JOB_ID", "?")
-
-
 # ---------------------------------------------------------------------------------------- submitting
 def executor(opts, sweep_dir):
     """submitit's Slurm executor with the run's resources."""
@@ -249,11 +197,13 @@ def submit(pending, opts, sweep_dir, units=None):
         return []
     units = fused_units(pending, opts.fuse) if units is None else units
     ex = executor(opts, sweep_dir)
+    carried_by_value()  # the array task unpickles without importing this package (slurm_task.py)
     logs = Path(sweep_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ex.batch():
         env = run_environment(opts)
-        jobs = [ex.submit(RunTask(), unit_command(unit, opts), str(logs / f"{unit[0][0].name}.log"), str(REPO), env)
+        task = RunTask(tolerated=[IN_USE_EXIT])  # a run another process trains: skipped, as the local executor does
+        jobs = [ex.submit(task, unit_command(unit, opts), str(logs / f"{unit[0][0].name}.log"), str(REPO), env)
                 for unit in units]  # fmt: skip
     path = submitted_file(sweep_dir)
     known = json.loads(path.read_text()) if path.is_file() else {}

@@ -94,6 +94,26 @@ SPEC = "name: s\nmodel: standin\ntasks: [SST-2]\nmethods: [lora]\nlrs: recipe\ns
 THREADS = "import os, torch; print('threads', torch.get_num_threads(), repr(os.environ['CUDA_VISIBLE_DEVICES']))"
 
 
+def test_an_array_task_loads_and_runs_without_importing_torch_or_this_package(tmp_path):
+    """What submitit pickles for a job (``slurm_task.RunTask``, carried by value) is loaded and run by a fresh
+    interpreter, as submitit's job does, that imports neither torch, fairseq nor fairseq_idpg: each array task
+    starts its run without their 4 s of imports (the run's own process imports them)."""
+    from submitit.helpers import DelayedSubmission
+
+    from fairseq_idpg.slurm_task import RunTask, carried_by_value
+
+    carried_by_value()
+    log, job = tmp_path / "run.log", tmp_path / "job.pkl"
+    DelayedSubmission(RunTask(tolerated=[75]), [sys.executable, "-c", "print('the run ran')"], str(log),
+                      str(tmp_path)).dump(job)  # fmt: skip
+    load_and_run = ("import sys; from submitit.helpers import DelayedSubmission; code = DelayedSubmission.load("
+                    "sys.argv[1]).result(); print(code, sorted({m.split('.')[0] for m in sys.modules} & "
+                    "{'torch', 'fairseq', 'fairseq_idpg'}))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", load_and_run, str(job)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "0 []", done.stdout + done.stderr
+    assert log.read_text().splitlines()[-1] == "the run ran"
+
+
 def test_an_array_task_runs_with_the_threads_of_its_cpus(slurm, tmp_path, monkeypatch):
     """A job of --cpus-per-run 1 runs torch on 1 thread, with no GPU, as the local executor's slot would (Slurm
     bounds the CPUs, not the threads torch starts: without it, the job ran as many threads as the node's cores)."""

@@ -1,8 +1,6 @@
 """The commands a run starts (prepare_data.py, fairseq-train, fairseq-validate): their output to the
 terminal and a log, line by line, with the time left; a command's one-line refusal said once."""
 
-import ctypes
-import ctypes.util
 import os
 import re
 import shlex
@@ -14,6 +12,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from fairseq_idpg.child_processes import child_process_options
 from fairseq_idpg.errors import Interrupted, RunError
 
 ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: error: MESSAGE (exit status 2)
@@ -21,42 +20,6 @@ ONE_LINE_ERROR = re.compile(r"[\w./-]+: error: ")  # a command's refusal: PROG: 
 
 class Refused(RunError):
     """A command run.sh ran refused its input in one line (exit status 2): run.sh says it again, once."""
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _prctl():
-    """libc's prctl (Linux), loaded in the parent: the child between fork and exec only calls it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
-    return prctl
-
-
-_PRCTL = _prctl()
-
-
-def child_process_options():
-    """Popen's keyword arguments that end the child with its launcher: on Linux the child asks for SIGTERM
-    when its parent dies (a ``kill -9`` of run.sh or of a sweep leaves no fairseq-train training unseen);
-    the flag outlives exec, so fairseq-train, torchrun's agent and prepare_data.py get it. It fires when the
-    thread that started the child ends: call Popen from a thread that waits for the child (tee, call and a
-    sweep's slot do). The child stays in its parent's process group: Ctrl-C reaches both, as before."""
-    if _PRCTL is None:
-        return {}
-    parent = os.getpid()
-
-    def die_with_parent():  # in the child, before exec: no imports, no locks
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the request: nobody would send it
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return {"preexec_fn": die_with_parent}
 
 
 def format_duration(seconds):
