@@ -191,6 +191,12 @@ class SweepProgress:
                 self.durations.append(seconds)
             self._say(self.line() + (f"  {note}" if note else ""))
 
+    def count_running(self, n):
+        """``n`` more runs counted running (fewer when negative), without a line: an executor that learns of a start
+        or an end later than it happened (Slurm's states) says it when it says how the run ended."""
+        with self.lock:
+            self.running += n
+
     def _say(self, text):
         self.said = self.clock()
         print(text, flush=True)

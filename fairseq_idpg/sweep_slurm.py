@@ -303,7 +303,7 @@ def follow(jobs, progress, failures, records, sweep_dir, poll=30):
                 continue
             del waiting[job]
             _moved(job, runs, state, phase, began, progress, sweep_dir)
-            _count(progress, len(runs))  # the runs it reports as ended were running (between two polls, if unseen)
+            progress.count_running(len(runs))  # the runs it reports ended were running (between two polls, if unseen)
             seconds = (progress.clock() - began[job]) / len(runs) if job in began else None
             log = logs.get(job, Path(sweep_dir) / "logs" / f"{runs[0][0].name}.log")
             _ended(job, runs, (state, reason), seconds, log, progress, failures, records, sweep_dir)
@@ -325,7 +325,7 @@ def _moved(job, runs, state, phase, began, progress, sweep_dir):
         for run, _ in runs:
             progress.unwatch(run.name)
         if now == "ending":
-            _count(progress, -len(runs))
+            progress.count_running(-len(runs))
     if now == "running":
         began.setdefault(job, progress.clock())
         watch(progress, runs, sweep_dir)
@@ -333,13 +333,6 @@ def _moved(job, runs, state, phase, began, progress, sweep_dir):
     elif now == "queued" and was is not None:
         progress.update(started=-len(runs) if was == "running" else 0,
                         note=f"requeued: {names} (job {job}); resumes from its checkpoint")  # fmt: skip
-
-
-def _count(progress, n):
-    """``n`` more runs counted running, without a line: each run's end is said when Slurm says how it ended
-    (the array's next task may start meanwhile)."""
-    with progress.lock:
-        progress.running += n
 
 
 def _ended(job, runs, state, seconds, log, progress, failures, records, sweep_dir):
