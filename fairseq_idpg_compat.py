@@ -9,7 +9,7 @@ right after those modules load (a post-import hook), so processes that never imp
 fairseq pay nothing.
 
 One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/test_faults_training.py``, 14 and
-15 in ``tests/test_foreach_adam.py``):
+15 in ``tests/test_foreach_adam.py``, 19 in ``tests/test_fused_train.py``):
 
 1. ``dataclass_identity_hash``: Python 3.11 rejects a dataclass field whose default is an
    unhashable object; fairseq's ``FairseqConfig`` uses instances of other config
@@ -152,16 +152,35 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
    deletes or renames a package, a config group with no node in the store, a value the configuration refuses) goes
    to hydra's ``compose`` as before, so its errors are hydra's. fairseq's own code around the call is unchanged.
 
+18. ``per_run_state``: fairseq keeps a training run's state in module globals, as if a process ran one run:
+   the metrics' aggregators (``fairseq.logging.metrics._aggregators``, ``_active_aggregators``,
+   ``_active_aggregators_cnt``), the best validation score (``checkpoint_utils.save_checkpoint.best``) and the
+   early stop's best and patience count (``fairseq_cli.train.should_stop_early.best``, ``.num_runs``). Runs
+   trained together in one process (``fairseq_idpg.fused``) would read each other's. Each is now the current
+   run's: the three globals are mappings over ``run_state()``, and the two functions keep their attributes in it
+   (``RunAttributes``: calling one calls fairseq's function). ``new_run()`` gives the current context (a thread,
+   or a ``contextvars.Context``) a fresh state; a process that never calls it has one run, the process's, and
+   sees exactly what fairseq's globals held (every fairseq-train, fairseq-validate and hub process).
+
+19. ``gradients_given`` and ``known_gradient_norm``: a fused group computes its members' gradients (and, under
+   ``FP16Optimizer``, their norms, all at once) outside fairseq's ``backward``. ``gradients_given`` tells a
+   trainer's optimizer so (``FP16Optimizer`` copies them to its fp32 copies, as after its own ``backward``);
+   ``known_gradient_norm`` answers the norm-only question that ``FP16Optimizer.clip_grad_norm`` asks its fp32
+   optimizer once with that norm (fairseq's own computation otherwise). Nothing changes for a run that calls
+   neither.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
 """
 
+import contextvars
 import importlib.abc
 import importlib.util
 import os
 import re
 import sys
+from collections.abc import MutableMapping
 
 _FAST_PATH_PARAMS = (
     "in_proj_weight",
@@ -664,6 +683,7 @@ def one_line_write_failures(checkpoint_utils):
 
 
 def _patch_checkpoint_utils(module):
+    per_run_attributes(module, "save_checkpoint")
     torch_load_full_pickle(module)
     atomic_checkpoint_copies(module)
     resume_from_intact_checkpoint(module)
@@ -762,6 +782,11 @@ def one_line_cli_errors(module, prog):
 
     cli_main._fairseq_idpg_one_line = cli_main._fairseq_idpg_compat = True
     module.main, module.cli_main = main, cli_main
+
+
+def _patch_train(module):
+    per_run_attributes(module, "should_stop_early")
+    one_line_cli_errors(module, "fairseq-train")
 
 
 def _patch_validate(module):
@@ -1151,6 +1176,173 @@ def optimizer_without_dynamo_import(optimizer):
             setattr(fn, "__dynamo_disable", _until_dynamo(fn, recursive))
 
 
+# ---------------------------------------------------------------- 18. per-run state
+class RunState:
+    """fairseq's per-run state (fix 18): the metrics module's aggregators and the function attributes
+    ``save_checkpoint.best``, ``should_stop_early.best`` and ``.num_runs`` (``attributes``: function -> dict)."""
+
+    def __init__(self):
+        from collections import OrderedDict, defaultdict
+
+        self.aggregators = OrderedDict()
+        self.active_aggregators = OrderedDict()
+        self.active_aggregators_cnt = defaultdict(int)
+        self.attributes = {}
+
+
+_PROCESS_RUN = None  # the state of a process's one run (every run but a fused group's members): made at first use
+_RUN = contextvars.ContextVar("fairseq_run_state")  # a context's own run (new_run)
+
+
+def run_state():
+    """The current run's ``RunState``: the context's own (``new_run``), else the process's."""
+    global _PROCESS_RUN
+    state = _RUN.get(None)
+    if state is None:
+        if _PROCESS_RUN is None:
+            _PROCESS_RUN = RunState()
+        state = _PROCESS_RUN
+    return state
+
+
+def new_run():
+    """Give the current context (a thread's, or a ``contextvars.Context`` being run) a fresh ``RunState``: from
+    here on, fairseq's per-run state in this context is its own and nobody else's."""
+    _RUN.set(RunState())
+
+
+class _RunMapping(MutableMapping):
+    """A module global of fairseq's metrics that is the current run's (fix 18): every read and write goes to
+    ``run_state().<field>``."""
+
+    def __init__(self, field):
+        self._field = field
+
+    def _own(self):
+        return getattr(run_state(), self._field)
+
+    def __getitem__(self, key):
+        return self._own()[key]  # (a defaultdict's missing key: its default, as before)
+
+    def __setitem__(self, key, value):
+        self._own()[key] = value
+
+    def __delitem__(self, key):
+        del self._own()[key]
+
+    def __iter__(self):
+        return iter(self._own())
+
+    def __len__(self):
+        return len(self._own())
+
+    def __contains__(self, key):
+        return key in self._own()
+
+    def clear(self):
+        self._own().clear()
+
+    def copy(self):
+        return self._own().copy()
+
+    def __repr__(self):
+        return f"<{self._field} of the current run: {self._own()!r}>"
+
+
+class RunAttributes:
+    """A fairseq function whose attributes are the current run's (fix 18); calling it calls the function."""
+
+    def __init__(self, fn):
+        object.__setattr__(self, "__wrapped__", fn)
+        object.__setattr__(self, "_fairseq_idpg_compat", True)
+
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
+
+    def _own(self):
+        return run_state().attributes.setdefault(self.__wrapped__, {})
+
+    def __getattr__(self, name):
+        own = self._own()
+        if name in own:
+            return own[name]
+        return getattr(self.__wrapped__, name)  # __name__, __doc__, ... (fairseq sets nothing else on them)
+
+    def __setattr__(self, name, value):
+        self._own()[name] = value
+
+    def __delattr__(self, name):
+        try:
+            del self._own()[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def per_run_metrics(metrics):
+    """fairseq's metrics module keeps the run's aggregators in three module globals (fix 18)."""
+    if isinstance(metrics._aggregators, _RunMapping):
+        return
+    state = run_state()  # what the module made at import (its ``reset()``): the process's run's
+    for field in ("aggregators", "active_aggregators", "active_aggregators_cnt"):
+        getattr(state, field).update(getattr(metrics, f"_{field}"))
+        setattr(metrics, f"_{field}", _RunMapping(field))
+
+
+def per_run_attributes(module, name):
+    """``module.name``: a function whose attributes are the current run's (fix 18)."""
+    fn = getattr(module, name)
+    if not isinstance(fn, RunAttributes):
+        setattr(module, name, RunAttributes(fn))
+
+
+# ---------------------------------------------------------------- 19. gradients given to fairseq's optimizer
+def gradients_given(optimizer):
+    """Tell ``optimizer`` (a trainer's) that its tensors' ``.grad`` were set from outside, not by its ``backward``
+    (fix 19): ``FP16Optimizer`` then copies them to its fp32 copies before clipping and stepping, as after its
+    own ``backward``."""
+    if hasattr(optimizer, "_needs_sync"):
+        optimizer._needs_sync = True
+
+
+def takes_known_gradient_norm(optimizer):
+    """Whether ``known_gradient_norm`` applies to ``optimizer`` (a trainer's): under ``FP16Optimizer``."""
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
+
+    return isinstance(optimizer, _FP16OptimizerMixin)
+
+
+def known_gradient_norm(optimizer, norm):
+    """The next gradient norm that ``optimizer`` (a trainer's ``FP16Optimizer``) asks its fp32 optimizer for is
+    ``norm`` (a host float), not computed again (fix 19). ``FP16Optimizer.clip_grad_norm`` asks it for the norm
+    only (``max_norm`` 0) and then scales, clips and checks it for overflow as it does; anything else (clipping
+    asked there, an aggregate function, no norm given) is fairseq's own computation. True where it applies (under
+    ``FP16Optimizer``), False otherwise (fp32 runs compute theirs as fairseq does)."""
+    if not takes_known_gradient_norm(optimizer):
+        return False
+    inner = optimizer.fp32_optimizer
+    if not isinstance(inner.__dict__.get("clip_grad_norm"), _KnownNorm):
+        inner.clip_grad_norm = _KnownNorm(inner.clip_grad_norm)
+    inner.clip_grad_norm.norm = norm
+    return True
+
+
+class _KnownNorm:
+    """An fp32 optimizer's ``clip_grad_norm`` that answers a known norm once (``known_gradient_norm``)."""
+
+    def __init__(self, own):
+        self.own, self.norm = own, None
+
+    def __call__(self, max_norm, aggregate_norm_fn=None):
+        import torch
+
+        from fairseq_idpg.host_tensors import on_host  # (a leaf: the launch counter counts no kernel for it)
+
+        norm, self.norm = self.norm, None
+        if norm is None or max_norm > 0 or aggregate_norm_fn is not None:
+            return self.own(max_norm, aggregate_norm_fn)
+        return on_host(torch.tensor(norm, dtype=torch.float32))
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
@@ -1162,7 +1354,8 @@ _POST_IMPORT = {
     "fairseq.optim.adam": foreach_adam,
     "fairseq.trainer": _patch_trainer,
     "fairseq.modules.transformer_layer": no_fast_path_duplicates,
-    "fairseq_cli.train": lambda module: one_line_cli_errors(module, "fairseq-train"),
+    "fairseq_cli.train": _patch_train,
+    "fairseq.logging.metrics": per_run_metrics,
     "fairseq_cli.validate": _patch_validate,
     "hydra.core.plugins": hydra_plugin_scan_without_find_module,
     "torch.optim.optimizer": optimizer_without_dynamo_import,

@@ -562,3 +562,45 @@ def test_what_the_direct_compose_leaves_to_hydra_gets_hydras_error():
     with pytest.raises(Exception, match="total_num_update"):
         utils.convert_namespace_to_omegaconf(args)
     assert fairseq_idpg_compat.composed_config(["+common.new_key=1"]) is None
+
+
+def test_fairseqs_per_run_state_is_each_runs_own():
+    """Fix 18: the metrics' aggregators, save_checkpoint.best and should_stop_early's best and patience are the
+    current run's: two runs (contexts given ``new_run``) and the process's own run never see each other's; a
+    process that starts no run sees fairseq's behaviour (the functions' attributes as attributes)."""
+    import contextvars
+
+    import fairseq_cli.train as train
+    from fairseq import checkpoint_utils
+    from fairseq.logging import metrics
+
+    import fairseq_idpg_compat
+
+    def a_run(loss, best):
+        fairseq_idpg_compat.new_run()
+        metrics.reset()
+        with metrics.aggregate("train"):
+            metrics.log_scalar("loss", loss)
+        checkpoint_utils.save_checkpoint.best = best
+        train.should_stop_early.best, train.should_stop_early.num_runs = best, 1
+        return lambda: (
+            metrics.get_smoothed_values("train")["loss"],
+            checkpoint_utils.save_checkpoint.best,
+            (train.should_stop_early.best, train.should_stop_early.num_runs),
+        )
+
+    process = (list(metrics._aggregators), hasattr(checkpoint_utils.save_checkpoint, "best"))
+    first, second = contextvars.Context(), contextvars.Context()
+    read_first, read_second = first.run(a_run, 1.5, 70.0), second.run(a_run, 2.5, 80.0)
+    assert first.run(read_first) == (1.5, 70.0, (70.0, 1))
+    assert second.run(read_second) == (2.5, 80.0, (80.0, 1))
+    assert (list(metrics._aggregators), hasattr(checkpoint_utils.save_checkpoint, "best")) == process
+    assert not hasattr(train.should_stop_early, "num_runs")
+    # the process's run: fairseq's own patience logic, on attributes kept in the process's state
+    cfg = argparse.Namespace(checkpoint=argparse.Namespace(patience=1, maximize_best_checkpoint_metric=True))
+    try:
+        assert [train.should_stop_early(cfg, v) for v in (0.5, 0.6, 0.4)] == [False, False, True]
+        assert train.should_stop_early.best == 0.6
+        assert first.run(read_first)[2] == (70.0, 1)  # the first run's untouched
+    finally:
+        del train.should_stop_early.best, train.should_stop_early.num_runs

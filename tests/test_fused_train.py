@@ -232,29 +232,32 @@ def test_compiled_layers_are_refused_in_one_line(tiny, tiny_data, tmp_path, caps
 @pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
 def test_fused_gradient_norms_are_fairseqs(precision, tiny, tiny_data, tmp_path, monkeypatch):
     """Under fairseq's FP16Optimizer each member's gradient norm comes from the fused step, computed for all members
-    at once (group._KnownNorm): it equals the norm fairseq computes from the member's own fp32 gradient copies, at
-    every update, and the members' norms differ (each its own)."""
-    from fairseq_idpg.fused import group
+    at once (compat fix 19, ``known_gradient_norm``): it equals the norm fairseq computes from the member's own fp32
+    gradient copies, at every update, and the members' norms differ (each its own)."""
+    import fairseq_idpg_compat
+    from fairseq_idpg.tasks.peft_sentence_prediction import FUSED_MEMBER
 
     seen = []
-    known = group._KnownNorm.__call__
+    known = fairseq_idpg_compat._KnownNorm.__call__
 
     def recorded(self, max_norm, aggregate_norm_fn=None):
+        given = self.norm is not None
         fairseqs = self.own(0)  # fairseq's norm of the same gradients (max_norm 0: no clipping)
         ours = known(self, max_norm, aggregate_norm_fn)
-        seen.append((self.member.index, float(ours), float(fairseqs)))
+        seen.append((FUSED_MEMBER.get().index, given, float(ours), float(fairseqs)))
         return ours
 
-    monkeypatch.setattr(group._KnownNorm, "__call__", recorded)
+    monkeypatch.setattr(fairseq_idpg_compat._KnownNorm, "__call__", recorded)
     data, dims = tiny_data
     shared = shared_args("prompt-tuning-5", data, dims, tiny.model_file) + [precision]
     shared[shared.index("--max-update") + 1] = "4"
     members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / seed)] for lr, seed in MEMBERS[:2]]
     assert train_group(shared, members) == {0: None, 1: None}
     assert sorted({(i, n) for i, *_ in seen for n in [sum(j == i for j, *_ in seen)]}) == [(0, 4), (1, 4)]
-    for _, ours, fairseqs in seen:
+    assert all(given for _, given, _, _ in seen)  # every norm came from the fused step
+    for _, _, ours, fairseqs in seen:
         assert ours == pytest.approx(fairseqs, rel=1e-5)
-    assert seen[0][1] != seen[1][1]
+    assert seen[0][2] != seen[1][2]
 
 
 def test_every_fused_step_runs_on_the_groups_one_step_thread(tiny, tiny_data, tmp_path, monkeypatch):
@@ -280,3 +283,92 @@ def test_every_fused_step_runs_on_the_groups_one_step_thread(tiny, tiny_data, tm
     assert train_group(shared, members) == {0: None, 1: None, 2: None}
     assert threads == ["fused-step"] * 4
     assert not any(t.name == "fused-step" for t in threading.enumerate())  # stopped with the group
+
+
+def fairseq_module_state():
+    """Every module-level value of fairseq's modules, and the attributes of their functions, as (identity, shallow
+    contents): what one run could leave for another. fairseq's per-run state (compat fix 18: the metrics' mappings,
+    ``RunAttributes``) is the current run's, so only its identity is taken."""
+    import types
+
+    from fairseq_idpg_compat import RunAttributes, _RunMapping
+
+    state = {}
+    for name, module in list(sys.modules.items()):
+        if not (name == "fairseq" or name.startswith(("fairseq.", "fairseq_cli"))) or module is None:
+            continue
+        for key, value in list(vars(module).items()):
+            if isinstance(value, types.ModuleType | type) or key.startswith("__"):
+                continue
+            if isinstance(value, RunAttributes | _RunMapping):
+                contents = None
+            elif isinstance(value, types.FunctionType):
+                contents = tuple((k, id(v)) for k, v in vars(value).items())
+            elif isinstance(value, dict):
+                contents = tuple((k, id(v)) for k, v in value.items())
+            elif isinstance(value, list | set):
+                contents = tuple(sorted(map(id, value)))
+            else:
+                contents = None
+            state[f"{name}.{key}"] = (id(value), contents)
+        state[name] = None  # the module itself: one imported meanwhile is new, not changed
+    return state
+
+
+def changed_state(before, after):
+    """The values of ``fairseq_module_state`` that changed, or appeared in a module that was there before."""
+    return sorted(
+        k for k in after.keys() | before.keys() if after.get(k) != before.get(k) and k.rpartition(".")[0] in before
+    )
+
+
+def test_no_fairseq_module_state_changes_during_a_members_turn(tiny, tiny_data, tmp_path, monkeypatch):
+    """Members run one at a time in threads of their own (fused/group.py): fairseq's module-level state must be
+    the same when a member's turn ends as when it began (what a member changed there, the next member would see).
+    Checked at every turn of every member, over whole runs with validation, checkpoints and an early-stop
+    patience."""
+    import threading
+
+    from fairseq.logging import metrics
+
+    from fairseq_idpg.fused import group
+
+    changed, turns = [], []
+
+    class CheckedTurnLock:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def acquire(self):
+            self.lock.acquire()
+            self.before = fairseq_module_state()
+
+        def release(self):
+            after = fairseq_module_state()
+            changed.extend(changed_state(self.before, after))
+            turns.append(threading.current_thread().name)
+            self.lock.release()
+
+        __enter__ = acquire
+
+        def __exit__(self, *exc):
+            self.release()
+
+    init = group.FusedGroup.__init__
+
+    def checked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.turn_lock = CheckedTurnLock()
+
+    monkeypatch.setattr(group.FusedGroup, "__init__", checked)
+    data, dims = tiny_data
+    shared = shared_args("prompt-tuning-5", data, dims, tiny.model_file) + ["--patience", "2"]
+    members = [["--lr", lr, "--seed", seed, "--save-dir", str(tmp_path / seed)] for lr, seed in MEMBERS]
+    assert train_group(shared, members) == {0: None, 1: None, 2: None}
+    assert len(turns) >= 3 * 6 and changed == []  # every update of every member (--max-update 6) was a turn
+    # the check sees a change: a value set on a fairseq module, and one set on a function's attributes
+    before = fairseq_module_state()
+    monkeypatch.setattr(metrics, "left_by_a_member", 1, raising=False)
+    monkeypatch.setattr(metrics.reset, "left_by_a_member", 1, raising=False)
+    changed = set(changed_state(before, fairseq_module_state()))  # (fairseq.metrics is the same module too)
+    assert {"fairseq.logging.metrics.left_by_a_member", "fairseq.logging.metrics.reset"} <= changed

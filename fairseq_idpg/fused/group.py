@@ -11,10 +11,17 @@ gradients of its own tensors, which its fairseq trainer then clips, normalises a
 logging outputs' scalars come to the host in one copy for all members (``_logs_on_host``): fairseq's meters
 then add Python numbers, not device tensors.
 
-- One thread runs at a time (the baton): fairseq keeps per-run state in module globals (the metrics
-  aggregators, ``save_checkpoint.best``, ``should_stop_early``'s best and patience, numpy's and torch's
-  global generators around data shuffling); each member's are swapped in when it takes the baton and out when
-  it hands in a batch, so the members never see each other's.
+- One member thread runs at a time (``turn``; the fused step waits for every running member's batch anyway), so
+  the members never compete for the device or the host's cores. fairseq's per-run state (its metrics'
+  aggregators, ``save_checkpoint.best``, ``should_stop_early``'s best and patience) is each member thread's own:
+  ``fairseq_idpg_compat`` (fix 18) keeps it per context, and each member's thread starts a run of its own
+  (``new_run``); nothing is saved, swapped or restored between members. numpy's and torch's global generators are
+  not per member either, and need not be: fairseq seeds torch's at every update (``Trainer._set_seed``) and draws
+  its data order from generators of its own (``data_utils.numpy_seed``, its epoch iterators).
+- A member finds its group through ``FUSED_MEMBER`` (``tasks/peft_sentence_prediction.py``), a context variable
+  set in its thread: its task then hands the model it built to the group (``Member.joined``: it takes the group's
+  frozen backbone) and each training step's batch (``Member.train_step``). fairseq-train's own ``main`` runs
+  unchanged, with fairseq's own ``Trainer``.
 - Member tensors live in the stacked ones: after each member has built its model and loaded its checkpoint,
   its trained parameters become views of their member's slice of the stacked tensors (``p.data = stacked[k]``),
   so what its optimizer writes is what the fused forward reads, and its validation and checkpoints see it.
@@ -32,96 +39,93 @@ then add Python numbers, not device tensors.
 """
 
 import contextlib
+import ctypes
 import queue
 import threading
 import time
 
-import numpy as np
 import torch
 
-from fairseq_idpg.host_tensors import on_host
+from fairseq_idpg.errors import ConfigError
+from fairseq_idpg_compat import gradients_given, known_gradient_norm, takes_known_gradient_norm
 
 from . import criterion as batched
 from .stacked import StackedMembers
 
 
-class _MemberGlobals:
-    """fairseq's per-run module globals (module docstring), saved and restored per member."""
-
-    def __init__(self):
-        from fairseq.logging import metrics
-
-        self.metrics = ({}, {}, {})
-        self.saved = False
-        self._metrics = metrics
-
-    def save(self):
-        from fairseq import checkpoint_utils
-        from fairseq_cli import train
-
-        m = self._metrics
-        self.metrics = (m._aggregators, m._active_aggregators, m._active_aggregators_cnt)
-        self.best = getattr(checkpoint_utils.save_checkpoint, "best", None)
-        self.stop = {k: getattr(train.should_stop_early, k, None) for k in ("best", "num_runs")}
-        self.numpy = np.random.get_state()
-        self.torch = torch.get_rng_state()
-        self.saved = True
-
-    def restore(self):
-        from fairseq import checkpoint_utils
-        from fairseq_cli import train
-
-        if not self.saved:  # a member's first turn: fresh state (fairseq-train's main resets its metrics)
-            from collections import OrderedDict, defaultdict
-
-            self._metrics._aggregators = OrderedDict()
-            self._metrics._active_aggregators = OrderedDict()
-            self._metrics._active_aggregators_cnt = defaultdict(lambda: 0)
-            self._metrics.reset()
-            for attr in ("best",):
-                if hasattr(checkpoint_utils.save_checkpoint, attr):
-                    delattr(checkpoint_utils.save_checkpoint, attr)
-            for attr in ("best", "num_runs"):
-                if hasattr(train.should_stop_early, attr):
-                    delattr(train.should_stop_early, attr)
-            return
-        m = self._metrics
-        m._aggregators, m._active_aggregators, m._active_aggregators_cnt = self.metrics
-        _set_or_del(checkpoint_utils.save_checkpoint, "best", self.best)
-        for k, v in self.stop.items():
-            _set_or_del(train.should_stop_early, k, v)
-        np.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-
-
-def _set_or_del(obj, attr, value):
-    if value is None:
-        if hasattr(obj, attr):
-            delattr(obj, attr)
-    else:
-        setattr(obj, attr, value)
-
-
 class Member:
-    """One run of the group: its fairseq objects, once its trainer is built."""
+    """One run of the group (module docstring): the model its task built, its trained parameters and the optimizer
+    its trainer steps with, once it has them."""
 
-    def __init__(self, index, seed):
-        self.index, self.seed = index, seed
-        self.trainer = self.model = self.criterion = self.task = None
+    def __init__(self, group, index, seed):
+        self.group, self.index, self.seed = group, index, seed
+        self.model = self.criterion = self.optimizer = None
         self.params = []  # its trained parameters, in the stacked tensors' order
-        self.globals = _MemberGlobals()
         self.update = 0
-        self.grad_norm = None  # its gradients' norm, computed by the fused step (``_KnownNorm``)
+
+    def joined(self, model):
+        """Its task built ``model``: the group's frozen backbone replaces the model's own (one copy in memory)."""
+        first = next((m for m in self.group.members if m.model is not None), None)
+        if first is not None:
+            share_frozen(model, first.model)
+        self.model = model
+        self.params = [p for _, p in model.named_parameters() if p.requires_grad]
+        if self.group.template is None:
+            self.group.template = self.index
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """Its task's ``train_step``: the batch goes to the group's fused step; the gradients it returns become the
+        member's, for its trainer to clip, normalise and step on as in a lone run."""
+        model.train()
+        model.set_num_updates(update_num)
+        self.criterion, self.optimizer, self.update = criterion, optimizer, update_num
+        loss, sample_size, logging_output, grads = self.group.step(self.index, sample)
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        gradients_given(optimizer)
+        return loss, sample_size, logging_output
+
+
+def share_frozen(model, template):
+    """Make ``model``'s frozen tensors ``template``'s own (the same backbone: one copy in memory)."""
+    own = dict(template.named_parameters(remove_duplicate=False))
+    try:  # (the template may already be in fp16/bf16: the fingerprint's tolerance covers the rounding)
+        model.check_backbone(template.backbone_fingerprint())
+    except ConfigError:
+        raise ConfigError("fused runs: the members' backbones differ; give every member the same --backbone") from None
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for name, p in list(model.named_parameters(remove_duplicate=False)):
+        if not p.requires_grad and name in own:
+            owner, _, leaf = name.rpartition(".")
+            modules[owner]._parameters[leaf] = own[name]
+    release_freed_memory()
+
+
+def release_freed_memory():
+    """Give the host memory malloc holds free back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+    After a member's model took the shared backbone, its own (fairseq's random initialisation, freed) stays in its
+    thread's malloc arena otherwise: about a third of a backbone per member."""
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def glibc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
 
 
 class FusedGroup:
     """The meeting point of K member threads (module docstring)."""
 
     def __init__(self, seeds, round_starts=None):
-        self.members = [Member(i, s) for i, s in enumerate(seeds)]
+        self.members = [Member(self, i, s) for i, s in enumerate(seeds)]
         self.round_starts = round_starts  # a list: each fused step's start (time.perf_counter), for benchmarks
         self.k = len(seeds)
-        self.baton = threading.Lock()
+        self.turn_lock = threading.Lock()  # held by the one member thread that runs (``turn``)
         self.cond = threading.Condition()
         self.active = set(range(self.k))
         self.waiting = {}  # member index -> its prepared sample
@@ -142,16 +146,14 @@ class FusedGroup:
     # ---------------------------------------------------------------- a member's thread
     @contextlib.contextmanager
     def turn(self, index):
-        """Member ``index`` runs (holding the baton, its globals in place) inside."""
-        self.baton.acquire()
-        self.members[index].globals.restore()
+        """Member ``index`` runs inside (holding ``turn_lock``: no other member runs meanwhile)."""
+        self.turn_lock.acquire()
         self._count(True)
         try:
             yield
         finally:
             self._count(False)
-            self.members[index].globals.save()
-            self.baton.release()
+            self.turn_lock.release()
 
     def count_round(self, round_index, count):
         """Count (``launches.ThreadsCount``) what every thread does in round ``round_index`` (0-based): from the
@@ -164,20 +166,18 @@ class FusedGroup:
             self._probe.enter() if on else self._probe.exit()
 
     def leave(self, index):
-        """Member ``index`` has ended: the others no longer wait for it (called without the baton)."""
+        """Member ``index`` has ended: the others no longer wait for it (called without ``turn_lock``)."""
         with self.cond:
             self.active.discard(index)
             batches = self._claim()
         if batches is not None:
-            with self.baton:
+            with self.turn_lock:
                 self._run_step(batches)
 
     def step(self, index, sample):
         """Member ``index``'s batch in; (loss, sample_size, logging_output, grads) out, once the group stepped.
-        Called from the member's ``task.train_step``, holding the baton; the last member to hand in its batch
+        Called from the member's ``task.train_step``, holding ``turn_lock``; the last member to hand in its batch
         runs the fused step (still holding it: every other member is waiting)."""
-        member = self.members[index]
-        member.globals.save()
         with self.cond:
             self.waiting[index] = sample
             generation = self.generation
@@ -185,14 +185,13 @@ class FusedGroup:
         if batches is not None:
             self._run_step(batches)
         self._count(False)
-        self.baton.release()
+        self.turn_lock.release()
         try:
             with self.cond:
                 self.cond.wait_for(lambda: self.generation != generation)
                 result = self.results.pop(index)
         finally:
-            self.baton.acquire()
-            member.globals.restore()
+            self.turn_lock.acquire()
             self._count(True)
         if isinstance(result, BaseException):
             raise result
@@ -273,7 +272,7 @@ class FusedGroup:
         """Each member's fp16 loss scale (fairseq's dynamic loss scaler; 1 without one), 0 for a filler slot."""
         scales = [0.0] * self.k
         for i in indices:
-            scaler = getattr(self.members[i].trainer.optimizer, "scaler", None)
+            scaler = getattr(self.members[i].optimizer, "scaler", None)
             scales[i] = scaler.loss_scale if scaler is not None else 1.0
         return scales
 
@@ -287,12 +286,13 @@ class FusedGroup:
         for t in self.stacked.tensors:
             t.grad = None
         weighted.sum().backward()
-        knows_norm = {i for i in waiting if _norm_known(self.members[i])}
+        knows_norm = {i for i in waiting if takes_known_gradient_norm(self.members[i].optimizer)}
         norms = [self._grad_norms()] if knows_norm else []
         host = torch.stack([losses.detach(), *(v.to(losses.dtype) for v in values.values()), *norms]).tolist()
         results = {}
         for i in waiting:
-            self.members[i].grad_norm = host[-1][i] if i in knows_norm else None
+            if i in knows_norm:
+                known_gradient_norm(self.members[i].optimizer, host[-1][i])
             own = {key: int(column[i]) for key, column in zip(values, host[1 : 1 + len(values)], strict=True)}
             log = batched.logging_output(host[0][i], samples[i], rows[i], own)
             results[i] = (losses[i], rows[i], log)
@@ -312,7 +312,7 @@ class FusedGroup:
             member = self.members[i]
             output = _FixedOutput(member.model, logits[i, : rows[i]])
             loss, sample_size, logging_output = member.criterion(output, sample)
-            scaler = getattr(member.trainer.optimizer, "scaler", None)
+            scaler = getattr(member.optimizer, "scaler", None)
             scaled = scaler.scale(loss) if scaler is not None else loss
             total = scaled if total is None else total + scaled
             results[i] = (loss, sample_size, logging_output)
@@ -326,7 +326,7 @@ class FusedGroup:
 class _StepThread:
     """One thread that runs every fused step (module docstring: one malloc arena holds the steps' memory, not
     one per member). ``run(fn, arg)`` runs ``fn(arg)`` there, in the caller's grad mode, autocast and CUDA device, and
-    returns its result or raises its exception; the caller waits (it holds the baton: nothing else runs)."""
+    returns its result or raises its exception; the caller waits (it holds ``turn_lock``: nothing else runs)."""
 
     def __init__(self):
         self._jobs = queue.SimpleQueue()
@@ -382,37 +382,6 @@ def _logs_on_host(logging_outputs):
         values = torch.stack([v.detach().reshape(()) for _, _, v in items]).tolist()
         for (log, key, _), value in zip(items, values, strict=True):
             log[key] = value
-
-
-def _norm_known(member):
-    """Whether ``member``'s gradient norm comes from the fused step (``_KnownNorm``, installed here once): under
-    fairseq's ``FP16Optimizer`` (fp16, bf16); fp32 runs compute theirs as fairseq does."""
-    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
-
-    optimizer = member.trainer.optimizer
-    if not isinstance(optimizer, _FP16OptimizerMixin):
-        return False
-    inner = optimizer.fp32_optimizer
-    if not isinstance(inner.__dict__.get("clip_grad_norm"), _KnownNorm):
-        inner.clip_grad_norm = _KnownNorm(member, inner.clip_grad_norm)
-    return True
-
-
-class _KnownNorm:
-    """A member's fp32 optimizer's ``clip_grad_norm`` under ``FP16Optimizer``, which asks it for the norm of the
-    gradients only (``max_norm`` 0) and then scales, clips and checks for overflow as it does: the norm the fused
-    step computed for every member at once (``FusedGroup._grad_norms``), as a host tensor. fairseq computes it per
-    member on the device (a norm per tensor, their norm) and its trainer checks and logs it there: ~20 launches a
-    member-update. Anything else (a norm not known, clipping asked here) is fairseq's own."""
-
-    def __init__(self, member, own):
-        self.member, self.own = member, own
-
-    def __call__(self, max_norm, aggregate_norm_fn=None):
-        norm, self.member.grad_norm = self.member.grad_norm, None
-        if norm is None or max_norm > 0 or aggregate_norm_fn is not None:
-            return self.own(max_norm, aggregate_norm_fn)
-        return on_host(torch.tensor(norm, dtype=torch.float32))
 
 
 class _FixedOutput:

@@ -16,7 +16,6 @@ alone.
 """
 
 import argparse
-import ctypes
 import logging
 import os
 import shlex
@@ -25,16 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 from fairseq_idpg.errors import ConfigError, argparse_error, refuse
 from fairseq_idpg.member_flags import MEMBER_FLAGS, shared_folders, split_own
+from fairseq_idpg.tasks.peft_sentence_prediction import FUSED_MEMBER
+from fairseq_idpg_compat import new_run
 
-from .group import FusedGroup
+from .group import FusedGroup, glibc
 
 PROG = "python -m fairseq_idpg.fused.train"
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq-train's
-_current = threading.local()  # the member whose thread this is
 
 
 def split_members(argv):
@@ -157,10 +155,10 @@ class _MemberLogs(logging.Handler):
         self.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
 
     def emit(self, record):
-        index = getattr(_current, "index", None)
-        if index is None:
+        member = FUSED_MEMBER.get()
+        if member is None:  # (the group's step thread: nothing of a member's)
             return
-        f = self.files[index]
+        f = self.files[member.index]
         f.write(self.format(record) + "\n")
         f.flush()
 
@@ -174,102 +172,22 @@ class _MemberLogs(logging.Handler):
         super().close()
 
 
-def share_frozen(model, template):
-    """Make ``model``'s frozen tensors ``template``'s own (the same backbone: one copy in memory)."""
-    own = dict(template.named_parameters(remove_duplicate=False))
-    try:  # (the template may already be in fp16/bf16: the fingerprint's tolerance covers the rounding)
-        model.check_backbone(template.backbone_fingerprint())
-    except ConfigError:
-        raise ConfigError("fused runs: the members' backbones differ; give every member the same --backbone") from None
-    modules = dict(model.named_modules(remove_duplicate=False))
-    for name, p in list(model.named_parameters(remove_duplicate=False)):
-        if not p.requires_grad and name in own:
-            owner, _, leaf = name.rpartition(".")
-            modules[owner]._parameters[leaf] = own[name]
-    release_freed_memory()
-
-
-def release_freed_memory():
-    """Give the host memory malloc holds free back to the system (glibc's ``malloc_trim``; elsewhere nothing).
-    After a member's model took the shared backbone, its own (fairseq's random initialisation, freed) stays in its
-    thread's malloc arena otherwise: about a third of a backbone per member."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
 def limit_malloc_arenas(arenas=2):
     """At most ``arenas`` glibc malloc arenas in this process (``M_ARENA_MAX``), unless ``MALLOC_ARENA_MAX`` is
     set: each member's thread (and its data loader's) would otherwise keep what it freed in an arena of its own
     (module ``group``'s docstring). Call before the members' threads start; the members run one at a time, so
     they do not contend for the arenas."""
-    libc = _glibc()
+    libc = glibc()
     if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
 
 
-def _glibc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-    except OSError:
-        return None
-
-
-def _patch_trainer(group, logs):
-    """fairseq-train's Trainer, built per member: shares the first member's backbone and steps in the group."""
-    from fairseq.trainer import Trainer
-
-    def member_trainer(cfg, task, model, criterion, quantizer=None):
-        index = _current.index
-        member = group.members[index]
-        first = next((m for m in group.members if m.model is not None), None)
-        if first is not None:
-            share_frozen(model, first.model)
-        member.model, member.criterion, member.task = model, criterion, task
-        trainer = Trainer(cfg, task, model, criterion, quantizer)
-        member.trainer = trainer
-        member.params = [p for _, p in model.named_parameters() if p.requires_grad]
-        if group.template is None:
-            group.template = index
-
-        def train_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
-            model.train()
-            model.set_num_updates(update_num)
-            member.update = update_num
-            loss, sample_size, logging_output, grads = group.step(index, sample)
-            for p, g in zip(member.params, grads, strict=True):
-                p.grad = g
-            if hasattr(optimizer, "_needs_sync"):  # fp16/bf16: its fp32 copies take the new gradients
-                optimizer._needs_sync = True
-            return loss, sample_size, logging_output
-
-        task.train_step = train_step
-        trainer.state_dict = _compact(trainer.state_dict)
-        return trainer
-
-    return member_trainer
-
-
-def _compact(state_dict):
-    """A trainer's ``state_dict`` whose model tensors that are views of the stacked ones are copied: saved as they
-    are, a member's checkpoint would hold every member's values (torch.save keeps a view's whole storage)."""
-
-    def compact_state_dict():
-        state = state_dict()
-        state["model"] = type(state["model"])(
-            (k, v.clone() if torch.is_tensor(v) and v.untyped_storage().nbytes() > v.numel() * v.element_size() else v)
-            for k, v in state["model"].items()
-        )
-        return state
-
-    return compact_state_dict
-
-
 def _run_member(group, index, cfg, logs, outcome):
+    """Member ``index``'s thread: fairseq-train's ``main``, a run of its own (compat fix 18) that knows its group."""
     from fairseq_cli import train
 
-    _current.index = index
+    new_run()
+    FUSED_MEMBER.set(group.members[index])
     try:
         with group.turn(index):
             train.main(cfg)
@@ -281,7 +199,6 @@ def _run_member(group, index, cfg, logs, outcome):
         logs.write(index, line)
         outcome[index] = line
     finally:
-        _current.index = None
         group.leave(index)
 
 
@@ -315,10 +232,6 @@ def _unwritable(save_dir):
 
 
 def _train_together(cfgs, count, round_starts):
-    from unittest import mock
-
-    import fairseq_cli.train  # noqa: F401  (imported before patching: the compat layer wraps it on import)
-
     group = FusedGroup([cfg.common.seed for cfg in cfgs], round_starts)
     if count is not None:
         group.count_round(*count)
@@ -333,19 +246,16 @@ def _train_together(cfgs, count, round_starts):
             logging.getLogger(name).setLevel(logging.NOTSET)
         root.handlers = [logs]
         root.setLevel(logging.INFO)  # (setLevel, not .level =: it clears the loggers' cached levels)
-        with mock.patch("fairseq_cli.train.Trainer", _patch_trainer(group, logs)):
-            threads = [
-                # daemon: a stopped group (Ctrl-C, SIGTERM: KeyboardInterrupt in the main thread) exits without
-                # waiting for its members' turns; their checkpoints are written atomically, so each resumes
-                threading.Thread(
-                    target=_run_member, args=(group, i, cfg, logs, outcome), name=f"member-{i}", daemon=True
-                )
-                for i, cfg in enumerate(cfgs)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        threads = [
+            # daemon: a stopped group (Ctrl-C, SIGTERM: KeyboardInterrupt in the main thread) exits without
+            # waiting for its members' turns; their checkpoints are written atomically, so each resumes
+            threading.Thread(target=_run_member, args=(group, i, cfg, logs, outcome), name=f"member-{i}", daemon=True)
+            for i, cfg in enumerate(cfgs)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     except KeyboardInterrupt:
         # stopped (Ctrl-C, or the SIGTERM run.group makes one): the members are daemon threads that end with the
         # process, still logging meanwhile, so nothing of theirs is closed under them

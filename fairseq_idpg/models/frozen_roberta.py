@@ -163,6 +163,16 @@ class FrozenRobertaEncoder(RobertaEncoder):
         return features, {"inner_states": states if return_all_hiddens else None}
 
 
+def _own_storage(state):
+    """``state`` with every tensor that is a slice of a larger storage copied to its own: a fused group's members
+    train slices of the group's stacked tensors (``fused/group.py``), and torch.save writes a view's whole storage
+    (every member's values in each member's checkpoint)."""
+    return type(state)(
+        (k, v.clone() if torch.is_tensor(v) and v.untyped_storage().nbytes() > v.numel() * v.element_size() else v)
+        for k, v in state.items()
+    )
+
+
 class FrozenBackboneRobertaModel(RobertaModel):
     """``RobertaModel`` whose original parameters are frozen (see the module docstring)."""
 
@@ -336,7 +346,10 @@ class FrozenBackboneRobertaModel(RobertaModel):
 
     def state_dict(self, *args, full=False, **kwargs):
         state = super().state_dict(*args, **kwargs)
-        if full or not getattr(self.args, "save_trainable_only", False) or kwargs.get("prefix", ""):
+        if kwargs.get("prefix", ""):
+            return state
+        state = _own_storage(state)
+        if full or not getattr(self.args, "save_trainable_only", False):
             return state
         frozen = self.frozen_names()
         compact = type(state)((k, v) for k, v in state.items() if k not in frozen)

@@ -17,11 +17,15 @@ Differences from fairseq's ``sentence_prediction`` (everything else is inherited
 - ``--num-classes`` may be omitted when the data folder has the ``task.json`` written by
   ``scripts/prepare_data.py``; the task hands that ``TaskInfo`` to the models it builds as
   ``task.info`` (the task-model protocol: ``tasks/model_protocol.py``).
+- Runs trained together on one backbone (``fairseq_idpg.fused``): in a member's thread ``FUSED_MEMBER`` is
+  that member, and the task hands it the model it built (to take the group's frozen backbone) and each training
+  step (to the group's one forward and backward for all members); everywhere else it is None and nothing changes.
 - fairseq-validate (and any evaluation command, whose parser has ``--path``) scores in batches of
   ``EVAL_BATCH_SIZE`` sentences when neither ``--batch-size`` nor ``--max-tokens`` is given (fairseq
   refused to start without one).
 """
 
+import contextvars
 import logging
 import os
 import sys
@@ -55,6 +59,8 @@ from .model_protocol import inserted_tokens
 logger = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 32  # fairseq-validate's batch when none is given: a score does not depend on it
 BATCH_FLAGS = ("--batch-size", "--max-sentences", "--bsz", "--max-tokens")
+# the fused group's member whose run this context is (its ``joined(model)`` and ``train_step(...)``); None alone
+FUSED_MEMBER = contextvars.ContextVar("fused_member", default=None)
 
 
 @dataclass
@@ -101,7 +107,17 @@ class PeftSentencePredictionTask(SentencePredictionTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         self.set_num_inserted_tokens(inserted_tokens(model))
-        return mark_head(model)
+        model = mark_head(model)
+        member = FUSED_MEMBER.get()
+        if member is not None:
+            member.joined(model)
+        return model
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        member = FUSED_MEMBER.get()
+        if member is None:
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        return member.train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     # ------------------------------------------------------------------ data
     def _load_split(self, key, split, dictionary, combine):
