@@ -45,6 +45,41 @@ def dry_run(capsys, tmp_path, *args):
     return out, flags
 
 
+def counted_plans(monkeypatch):
+    """The requests ``planning.plan`` is called with from now on (check's and the run's)."""
+    from fairseq_idpg.run import planning
+
+    calls, plan = [], planning.plan
+
+    def counted(request, *args, **kwargs):
+        calls.append(request)
+        return plan(request, *args, **kwargs)
+
+    monkeypatch.setattr(planning, "plan", counted)
+    return calls
+
+
+def test_a_request_is_planned_once(capsys, tmp_path, monkeypatch, standin_model):
+    """A dry run plans its request once (check's plan, said as planning says it), and so does a read-only work
+    folder's refusal; the lines are those of a plan made to print."""
+    from fairseq_idpg.run import planning
+    from fairseq_idpg.run_config import RunConfig
+
+    argv = ["RTE", "--method", "lora", "--model", "roberta.large"]
+    plans = counted_plans(monkeypatch)
+    out, _ = dry_run(capsys, tmp_path, *argv)
+    assert len(plans) == 1
+    printed = []
+    planning.plan(
+        RunConfig.from_argv([*argv, "--dry-run", "--work-dir", str(tmp_path)]), log=lambda *a, **_: printed.extend(a)
+    )
+    assert len(printed) >= 3 and all(f"{line}\n" in out for line in printed)
+    monkeypatch.setattr("fairseq_idpg.run.cli.writable", lambda folder: False)  # (root writes anywhere)
+    del plans[:]
+    assert main_job.main(["RTE", "--method", "lora", "--work-dir", str(tmp_path)]) == 2  # the stand-in: it exists
+    assert "is read-only" in capsys.readouterr().err and len(plans) == 1
+
+
 # ---------------------------------------------------------------------------------------- recipes
 def test_issue_dry_run_inducer_lora_mnli_roberta_large(tmp_path):
     """The inducer paper's NLU recipe: batch 16, 10 epochs, 6% warmup, clip 1.0, MNLI-mismatched selects;
@@ -624,14 +659,17 @@ def test_first_run_live_log_results_and_folder(first_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("run-first")  # one worker: first_run trains once
-def test_same_command_again_reports_the_result_without_training(first_run, capsys):
+def test_same_command_again_reports_the_result_without_training(first_run, capsys, monkeypatch):
     """run.sh's command again, in this process (what it reads and prints is checked here; a run.sh process
-    reports the cached run in test_a_changed_preset_trains_a_new_run_never_the_cached_one)."""
+    reports the cached run in test_a_changed_preset_trains_a_new_run_never_the_cached_one). Its data prepared and
+    its raw folder found, the request is planned once (check's dry plan is the run's), and planning's lines said."""
     folder, work = first_run["folder"], first_run["work"]
     log_before = (folder / "train.log").stat()
+    plans = counted_plans(monkeypatch)
     assert main_job.main(["SST-2", "--raw", str(first_run["raw"]), "--work-dir", str(work), *SMALL]) == 0
     printed = capsys.readouterr()
     out = printed.out + printed.err
+    assert len(plans) == 1 and f"run folder: {folder}\n" in out and "SST-2 | method lora" in out
     assert "cached: this configuration finished on" in out and str(folder / "results.json") in out
     score = json.loads((folder / "results.json").read_text())["score"]
     assert f"accuracy {score}" in out
@@ -824,9 +862,9 @@ def test_a_fresh_clone_builds_the_standin_before_its_first_run_is_checked(
 
     monkeypatch.setattr(backbone, "call", build)
     argv = ["RTE", "--method", "prompt-tuning-5", "--max-update", "2", "--work-dir", str(tmp_path / "work")]
-    assert main_job.check(main_job.parse_args([*argv, "--dry-run"])) == []  # the stand-in: not missing
+    assert main_job.check(main_job.parse_args([*argv, "--dry-run"])).missing == []  # the stand-in: not missing
     assert built == [] and not folder.exists()
-    missing = main_job.check(main_job.parse_args(argv))
+    missing = main_job.check(main_job.parse_args(argv)).missing
     assert len(built) == 1 and (folder / "model.pt").is_file() and missing == []
 
 

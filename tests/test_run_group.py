@@ -42,8 +42,8 @@ def test_a_stop_while_a_member_is_scored_scores_no_other(members, monkeypatch, c
 
     monkeypatch.setattr(group, "parse_members", lambda argv: [["SST-2"]])
     monkeypatch.setattr("fairseq_idpg.run.cli.parse_args", lambda m: SimpleNamespace(method="lora"))
-    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request: None)
-    monkeypatch.setattr("fairseq_idpg.run.planning.plan", lambda request, m: plans[0])
+    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request, m: plans[0])
+    monkeypatch.setattr("fairseq_idpg.run.planning.planned", lambda request, checked, m: checked)
     monkeypatch.setattr(group, "trains_alone", lambda p: None)
     monkeypatch.setattr(group, "member_flags", lambda plans: ([], []))
     capsys.readouterr()
@@ -69,9 +69,9 @@ def test_two_members_of_one_run_folder_are_refused_in_one_line_before_anything_t
     ]
     monkeypatch.setattr(group, "parse_members", lambda argv: [["SST-2", "--seed", "1"], ["SST-2", "--seed", "01"]])
     monkeypatch.setattr("fairseq_idpg.run.cli.parse_args", lambda m: SimpleNamespace(method="lora"))
-    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request: None)
     planned = iter(plans)
-    monkeypatch.setattr("fairseq_idpg.run.planning.plan", lambda request, m: next(planned))
+    monkeypatch.setattr("fairseq_idpg.run.planning.check", lambda request, m: next(planned))
+    monkeypatch.setattr("fairseq_idpg.run.planning.planned", lambda request, checked, m: checked)
     monkeypatch.setattr(group, "trains_alone", lambda p: None)
     monkeypatch.setattr(
         group, "fairseq_train_args", lambda p: ["data", "--lr", "1e-4", "--seed", "1", "--save-dir", str(p.folder)]

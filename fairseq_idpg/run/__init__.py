@@ -47,9 +47,10 @@ Explicit flags (``--lr``, ``--max-update``, ``--total-batch``, ...) win and are 
 A pipeline, one module a step: the request is a ``RunConfig`` (``fairseq_idpg/run_config.py``: run.sh's
 flags as typed fields; ``cli.py`` reads it); ``planning.check()`` refuses it in one line before anything is
 prepared or written (every missing file, and the fairseq-train command it makes, parsed by fairseq and its
-model built on the meta device); ``planning.plan()`` resolves it into the configuration (``identity.py``
-names its folder), budget (``budget.py``) and commands (``command.py``), given its backbone
-(``backbone.py``) and prepared data (``prepared.py``); ``execution.execute()`` trains and scores (the
+model built on the meta device) and returns its dry plan, which the run uses as it is when nothing is left to
+build, fetch or prepare (``planning.planned``: one plan per request); ``planning.plan()`` resolves it into the
+configuration (``identity.py`` names its folder), budget (``budget.py``) and commands (``command.py``), given its
+backbone (``backbone.py``) and prepared data (``prepared.py``); ``execution.execute()`` trains and scores (the
 commands' output: ``processes.py``) and ``record.py`` writes results.json. ``layout.py`` holds where
 things are by default. This module is the public API other parts call (a sweep, check_gpu, interop, the
 examples); the names below are all they use.

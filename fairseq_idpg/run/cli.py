@@ -2,7 +2,6 @@
 plan); a refusal is one line, ``run.sh: error: ...`` (exit 2; 75: the run folder is in use; 130:
 interrupted)."""
 
-import dataclasses
 import os
 import shlex
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from fairseq_idpg.errors import Interrupted, RunError
 from fairseq_idpg.run.execution import IN_USE_EXIT, InUse, execute
-from fairseq_idpg.run.planning import check, hash_note, plan, quiet, warn_missing
+from fairseq_idpg.run.planning import check, hash_note, planned, warn_missing
 from fairseq_idpg.run_config import RunConfig, method_list
 
 DESCRIPTION = "The main job: prepare a task, train a method on it with fairseq-train, score it with fairseq-validate."
@@ -35,10 +34,11 @@ def main(argv=None):
 
 def job(request, argv):
     read_only = None if request.dry_run else work_dir_refusal(Path(request.work_dir))
-    missing = check(request)
-    if read_only and not plan(dataclasses.replace(request, dry_run=True), argv, log=quiet).finished:
+    checked = check(request, argv)
+    missing = checked.missing
+    if read_only and not checked.finished:
         raise RunError(read_only)  # only a finished run's result can be shown from a read-only folder
-    p = plan(request, argv)
+    p = planned(request, checked, argv)
     if request.dry_run:
         note = hash_note([p])
         if note:

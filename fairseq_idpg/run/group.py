@@ -214,14 +214,13 @@ def parse_members(argv):
 
 def main(argv=None):
     from fairseq_idpg.run.cli import parse_args
-    from fairseq_idpg.run.planning import check, plan
+    from fairseq_idpg.run.planning import check, planned
 
     members = parse_members(sys.argv[1:] if argv is None else argv)
     try:
         requests = [parse_args(m) for m in members]
-        for request in requests:
-            check(request)
-        plans = [plan(request, m) for request, m in zip(requests, members, strict=True)]
+        checked = [check(request, m) for request, m in zip(requests, members, strict=True)]
+        plans = [planned(r, p, m) for r, p, m in zip(requests, checked, members, strict=True)]
         alone = next((why for why in map(trains_alone, plans) if why is not None), None)
         if alone is not None:
             raise ConfigError(f"--method {requests[0].method}: its runs train alone ({alone})")

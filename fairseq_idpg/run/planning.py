@@ -47,10 +47,17 @@ class Plan:
     missing: list  # what a dry run found absent (model files, raw folders), one line each
     note: Optional[str] = None  # the run found under its earlier name (``earlier_folder``), said in one line
     memory: Optional[dict] = None  # the trainer's peak memory, once it has trained here (``execution.train``)
+    ready: bool = False  # a dry plan that a run would make again as it is: nothing to build, fetch or prepare
+    said: list = dataclasses.field(default_factory=list)  # what planning logged: (args, kwargs) of each line
 
     @property
     def finished(self):
         return self.complete and (self.folder / "results.json").is_file()
+
+    def say_again(self, log=print):
+        """Say what planning said (a plan made quietly by ``check``, used as it is)."""
+        for args, kwargs in self.said:
+            log(*args, **kwargs)
 
 
 def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None):
@@ -59,6 +66,12 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
     nothing is built, prepared or started; ``folder``: where the run writes (default: its run folder)."""
     request.validate()  # before anything is imported or run
     from fairseq_idpg.methods import METHODS
+
+    said, say = [], log
+
+    def log(*args, **kwargs):  # (kept: ``Plan.say_again``)
+        said.append((args, kwargs))
+        say(*args, **kwargs)
 
     method, task = METHODS[request.method], canonical_task(request.task)
     recipe, start, timings = method.recipe.for_task(task), time.time(), {}
@@ -87,8 +100,10 @@ def plan(request, argv=None, log=print, *, backbone=None, data=None, folder=None
     log(f"run folder: {save}", flush=True)
     scored = budget.evals + [s for s in budget.splits if re.fullmatch(r"test\d*", s)]
     argv = request.argv() if argv is None else argv
+    missing = [*backbone.missing, *data.missing]
+    ready = complete and backbone.present and data.ready and not missing
     return Plan(request, argv, task, method, config, save, complete, train, data.folder, backbone.dir, scored,
-                batch_size, timings, start, [*backbone.missing, *data.missing], note)  # fmt: skip
+                batch_size, timings, start, missing, note, ready=ready, said=said)  # fmt: skip
 
 
 def earlier_folder(request, config, save, lr):
@@ -108,14 +123,16 @@ def earlier_folder(request, config, save, lr):
     return before, earlier, note
 
 
-def check(request):
+def check(request, argv=None):
     """Refuse, in one line (RunError) and before anything is prepared or written, a request that cannot run:
     its values, what is missing (every model file and raw folder at once), and the fairseq-train command it
-    makes (``check_train_command``), with the budget a dry run shows. Returns what a dry run lacks (every
-    missing file and folder, one line each; [] when the request can run)."""
+    makes (``check_train_command``), with the budget a dry run shows. Returns the request's dry plan, made
+    quietly (``Plan.say_again`` says it), whose ``missing`` is what a dry run lacks (every missing file and
+    folder, one line each; [] when the request can run); a run uses it as it is when it is ``ready``
+    (``planned``)."""
     if request.model == "standin" and not request.dry_run:
         find_backbone(request)  # built when missing (a fresh clone): its vocab.txt prepares the data
-    p = plan(dataclasses.replace(request, dry_run=True), log=quiet)
+    p = plan(dataclasses.replace(request, dry_run=True), argv, log=quiet)
     if p.missing and not request.dry_run:
         raise RunError("; ".join(p.missing))
     have_model = all((p.model_dir / name).is_file() for name in ("model.pt", "dict.txt"))
@@ -126,7 +143,17 @@ def check(request):
         if not (request.dry_run and missing_file):
             raise RunError(str(e)) from None
         p.missing.append(str(e))  # a file the method needs (GloVe vectors): listed like the model's
-    return p.missing
+    return p
+
+
+def planned(request, checked, argv=None):
+    """The plan of ``request``, for which ``check`` returned ``checked``, saying what planning says: ``checked``
+    itself for a dry run, or when a run would make it again as it is (``ready``); else the run's own plan, which
+    builds, fetches or prepares what ``checked`` found missing. One plan per request where nothing is missing."""
+    if request.dry_run or checked.ready:
+        checked.say_again()
+        return checked
+    return plan(request, argv)
 
 
 def hash_note(plans):

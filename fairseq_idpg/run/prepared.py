@@ -85,6 +85,7 @@ class Data(NamedTuple):
     provenance: Optional[dict]  # what it is made of: as recorded, or (a dry run) as it would be prepared
     missing: tuple = ()  # what a dry run found absent (the raw folder), one line each
     seconds: Optional[float] = None  # preparing it took, now (None: prepared before)
+    ready: bool = True  # a run would use it as it is: its raw folder found, nothing to prepare again
 
 
 def prepared(folder):
@@ -173,4 +174,6 @@ def data_for(request, task, backbone, log=print):
         if absent:
             missing = [f"{task}: the raw files or BPE files to prepare {folder} are missing: "
                        + ", ".join(map(str, absent))]  # fmt: skip
-    return Data(folder, info, info.provenance if info is not None else wanted, missing if reasons else [], seconds)
+    ready = raw is not None and not reasons
+    provenance = info.provenance if info is not None else wanted
+    return Data(folder, info, provenance, missing if reasons else [], seconds, ready)
