@@ -109,7 +109,12 @@ def check_runs(runs, model, work_dir, dry):
     for run in runs:
         request = run.request(model, work_dir, dry)
         distinct.setdefault((request.method, request.extra_args), run)
-    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=check)]
+    return [m for run in distinct.values() for m in plan_run(run, model, work_dir, dry, decide=missing)]
+
+
+def missing(request):
+    """What a dry run of ``request`` lacks (``check``'s plan's), after ``check`` refused what cannot run."""
+    return check(request).missing
 
 
 def plan_line(run, p):
