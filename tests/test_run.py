@@ -3,6 +3,7 @@
 prepared data that follows its raw files, live output, and, end to end on a slice of SST-2 with the
 offline stand-in (slow): seeds in separate folders, a cached second call, kill -9 then resume."""
 
+import dataclasses
 import json
 import os
 import re
@@ -74,6 +75,9 @@ def test_a_request_is_planned_once(capsys, tmp_path, monkeypatch, standin_model)
         RunConfig.from_argv([*argv, "--dry-run", "--work-dir", str(tmp_path)]), log=lambda *a, **_: printed.extend(a)
     )
     assert len(printed) >= 3 and all(f"{line}\n" in out for line in printed)
+    run = RunConfig.from_argv([*argv, "--work-dir", str(tmp_path)])  # a ready plan is used for the run itself
+    checked = dataclasses.replace(planning.check(dataclasses.replace(run, dry_run=True)), ready=True)
+    assert checked.request.dry_run and planning.planned(run, checked, argv).request is run
     monkeypatch.setattr("fairseq_idpg.run.cli.writable", lambda folder: False)  # (root writes anywhere)
     del plans[:]
     assert main_job.main(["RTE", "--method", "lora", "--work-dir", str(tmp_path)]) == 2  # the stand-in: it exists

@@ -148,11 +148,12 @@ def check(request, argv=None):
 
 def planned(request, checked, argv=None):
     """The plan of ``request``, for which ``check`` returned ``checked``, saying what planning says: ``checked``
-    itself for a dry run, or when a run would make it again as it is (``ready``); else the run's own plan, which
-    builds, fetches or prepares what ``checked`` found missing. One plan per request where nothing is missing."""
+    (holding ``request``) for a dry run, or when a run would make it again as it is (``ready``); else the run's
+    own plan, which builds, fetches or prepares what ``checked`` found missing. One plan per request where nothing
+    is missing."""
     if request.dry_run or checked.ready:
         checked.say_again()
-        return checked
+        return dataclasses.replace(checked, request=request)  # checked's request is the dry copy ``check`` planned
     return plan(request, argv)
 
 
