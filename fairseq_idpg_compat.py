@@ -169,6 +169,14 @@ One fix per trap, each tested in ``tests/test_compat.py`` (12 and 13 in ``tests/
    optimizer once with that norm (fairseq's own computation otherwise). Nothing changes for a run that calls
    neither.
 
+20. ``tensorboard_writer_when_asked``: two fairseq modules that every fairseq process imports (its progress bars,
+   and the text-to-speech task among all of fairseq's tasks) import ``tensorboardX`` for its ``SummaryWriter``,
+   about 0.5 s of CPU (it imports protobuf and boto3) in every fairseq-train, fairseq-validate and hub process,
+   whether or not the run logs to TensorBoard. While those two modules load, their ``SummaryWriter`` is bound to
+   a function that imports ``tensorboardX`` at its first call (``--tensorboard-logdir``) and returns tensorboardX's
+   own writer. Where ``tensorboardX`` is not installed nothing changes (fairseq then says so as before), and
+   anything else that imports ``tensorboardX`` gets the module itself.
+
 torchaudio is never imported by the workflow: fairseq imports it lazily in speech code
 only, and the installer does not install it (the wheel fairseq's metadata pulls in does
 not load with this torch).
@@ -1343,6 +1351,30 @@ class _KnownNorm:
         return on_host(torch.tensor(norm, dtype=torch.float32))
 
 
+# ---------------------------------------------------------------- 20. tensorboard writer when asked
+def _summary_writer(*args, **kwargs):
+    """tensorboardX's ``SummaryWriter(*args, **kwargs)``, tensorboardX imported now (fix 20)."""
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(*args, **kwargs)
+
+
+class tensorboard_writer_when_asked:
+    """While a module that imports ``tensorboardX`` for its ``SummaryWriter`` loads, ``tensorboardX`` is a module
+    holding ``_summary_writer`` only (fix 20); the real one is imported at the writer's first call."""
+
+    def __enter__(self):
+        self.stand_in = None
+        if "tensorboardX" not in sys.modules and importlib.util.find_spec("tensorboardX") is not None:
+            self.stand_in = type(sys)("tensorboardX")
+            self.stand_in.SummaryWriter = _summary_writer
+            sys.modules["tensorboardX"] = self.stand_in
+
+    def __exit__(self, *exc):
+        if self.stand_in is not None and sys.modules.get("tensorboardX") is self.stand_in:
+            del sys.modules["tensorboardX"]
+
+
 # ---------------------------------------------------------------- post-import hook
 _POST_IMPORT = {
     "fairseq.checkpoint_utils": _patch_checkpoint_utils,
@@ -1363,27 +1395,40 @@ _POST_IMPORT = {
 }
 
 
+# modules run under a context (fix 20): what they import while they load
+_WHILE_LOADING = {
+    "fairseq.logging.progress_bar": tensorboard_writer_when_asked,
+    "fairseq.tasks.text_to_speech": tensorboard_writer_when_asked,
+}
+
+
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader, self._patch = loader, patch
+    def __init__(self, loader, patch, context=None):
+        self._loader, self._patch, self._context = loader, patch, context
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._patch(module)
+        if self._context is None:
+            self._loader.exec_module(module)
+        else:
+            with self._context():
+                self._loader.exec_module(module)
+        if self._patch is not None:
+            self._patch(module)
 
     def __getattr__(self, name):  # get_source, get_code, is_package, ... for tracebacks
         return getattr(self._loader, name)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Finds the modules of ``_POST_IMPORT`` the normal way and patches them once loaded."""
+    """Finds the modules of ``_POST_IMPORT`` and ``_WHILE_LOADING`` the normal way, loads them under their context
+    and patches them once loaded."""
 
     def find_spec(self, fullname, path=None, target=None):
-        patch = _POST_IMPORT.get(fullname)
-        if patch is None:
+        patch, context = _POST_IMPORT.get(fullname), _WHILE_LOADING.get(fullname)
+        if patch is None and context is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -1391,7 +1436,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader, patch)
+                    spec.loader = _PatchingLoader(spec.loader, patch, context)
                 return spec
         return None
 

@@ -491,6 +491,33 @@ def test_an_optimizer_is_built_and_saved_without_importing_the_compiler():
     assert out.stdout.split() == ["False", "True", "False"]
 
 
+# ---------------------------------------------------------------------------------------- 20. tensorboard when asked
+TENSORBOARD_WHEN_ASKED = """
+import os, sys, tempfile
+
+import fairseq_cli.train, fairseq_cli.validate  # every fairseq module a run imports, its tasks among them
+from fairseq.logging import progress_bar
+
+print("tensorboardX" in sys.modules)
+logdir = tempfile.mkdtemp()
+bar = progress_bar.progress_bar(iter([1]), log_format="json", tensorboard_logdir=logdir)
+bar.log({"loss": 1.5}, tag="train", step=1)  # --tensorboard-logdir: fairseq's writer, tensorboardX's own
+print("tensorboardX" in sys.modules, any(f.startswith("events.") for f in os.listdir(os.path.join(logdir, "train"))))
+import tensorboardX
+
+print(type(progress_bar._tensorboard_writers["train"]) is tensorboardX.SummaryWriter)
+"""
+
+
+def test_fairseq_imports_tensorboardx_only_for_a_run_that_logs_to_tensorboard():
+    """Fix 20: a fresh process that imports fairseq-train's and fairseq-validate's modules has not imported
+    tensorboardX (about 0.5 s of CPU); a progress bar with a TensorBoard folder writes its events through
+    tensorboardX's own writer."""
+    out = run_python(TENSORBOARD_WHEN_ASKED)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True", "True"], out.stdout
+
+
 # ---------------------------------------------------------------------------------------- 17. compose without hydra
 def _train_args(capsys, tmp_path, method, *flags):
     """The fairseq-train arguments run.sh gives ``method`` on RTE at roberta.base's shape (a dry run: no files)."""
