@@ -110,6 +110,80 @@ def test_a_members_state_is_fairseqs_both_ways():
         adam.load_member_state(2, {"state": {0: own["state"][0]}, "param_groups": own["param_groups"]})
 
 
+def fp16_optimizer(params, dtype):
+    """fairseq's ``FP16Optimizer`` over ``params`` as fairseq-train builds it for ``--bf16`` (a float32 copy per
+    tensor) or ``--fp16`` (one flat float32 copy, a loss scale of 128), its Adam with this file's settings."""
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.optim.adam import FairseqAdamConfig
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(FairseqConfig)
+    adam = FairseqAdamConfig(lr=[1.0], adam_betas=str(BETAS), adam_eps=EPS, weight_decay=DECAY)
+    adam._name = "adam"
+    cfg.optimizer = OmegaConf.structured(adam)
+    cfg.common.fp16, cfg.common.bf16 = True, dtype == torch.bfloat16
+    return FP16Optimizer.build_optimizer(cfg, params)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_with_masters_each_member_is_fairseqs_fp16_optimizer_alone(dtype):
+    """``masters=True``: each member's half tensors, float32 masters and state are those of fairseq's
+    ``FP16Optimizer`` (``--bf16``: a copy per tensor; ``--fp16``: one flat copy, gradients scaled by its loss scale)
+    trained alone over 5 updates, the masters and moments within 1e-6; its flat state loads back."""
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(K, *shape, generator=g).to(dtype) for shape in SHAPES]
+    grads = [[torch.randn(K, *shape, generator=g).to(dtype) for shape in SHAPES] for _ in range(UPDATES)]
+    stacked = [t.clone().requires_grad_() for t in start]
+    adam = StackedAdam(stacked, betas=BETAS, eps=EPS, weight_decay=DECAY, masters=True)
+    alone = []
+    for k in range(K):
+        params = [torch.nn.Parameter(t[k].clone()) for t in start]
+        alone.append((params, fp16_optimizer(params, dtype)))
+    scale = 1.0 if dtype == torch.bfloat16 else alone[0][1].scaler.loss_scale
+    assert (type(alone[0][1].fp32_params) is list) == (dtype == torch.bfloat16)
+    for update in range(UPDATES):
+        for t, grad in zip(stacked, grads[update], strict=True):
+            t.grad = grad * scale  # what the fused backward of the scaled losses gives
+        adam.step([schedule(k, update) for k in range(K)], [multiplier(k, update) / scale for k in range(K)],
+                  [active(k, update) for k in range(K)])  # fmt: skip
+        for k, (params, optimizer) in enumerate(alone):
+            if not active(k, update):
+                continue
+            optimizer.zero_grad()
+            loss = sum((p.float() * grad[k].float()).sum() for p, grad in zip(params, grads[update], strict=True))
+            optimizer.backward(loss)
+            optimizer.multiply_grads(multiplier(k, update))
+            optimizer.clip_grad_norm(0.0)
+            optimizer.set_lr(schedule(k, update))
+            optimizer.step()
+    for k, (params, optimizer) in enumerate(alone):
+        copies = optimizer.fp32_params
+        flat = not isinstance(copies, list)
+        masters = [copies[i] for i in range(len(SHAPES))] if not flat else next(iter(copies.values())).split(
+            [t[k].numel() for t in stacked])  # fmt: skip
+        for i, p in enumerate(params):
+            assert relative(adam.masters[i][k], masters[i].view_as(p)) < 1e-6, (k, i)
+            assert relative(stacked[i][k], p) <= torch.finfo(dtype).eps, (k, i)
+        saved, own = adam.member_state(k, flat=flat), optimizer.state_dict()
+        assert sorted(saved["state"]) == sorted(own["state"]) == list(range(1 if flat else len(SHAPES)))
+        for i in own["state"]:
+            assert saved["state"][i]["step"] == own["state"][i]["step"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert relative(saved["state"][i][key], own["state"][i][key]) < 1e-6, (k, i, key)
+    # member 0's slot takes member 2's saved state (flat under --fp16) and tensors: its masters from them
+    with torch.no_grad():
+        for t, p in zip(stacked, alone[2][0], strict=True):
+            t[0].copy_(p)
+    own = alone[2][1].state_dict()
+    adam.load_member_state(0, own)
+    adam.reset_masters(0)
+    assert all(torch.equal(m[0], t[0].float()) for m, t in zip(adam.masters, stacked, strict=True))
+    loaded = adam.member_state(0, flat=flat)["state"]
+    assert all(torch.equal(loaded[i][key], own["state"][i][key]) and loaded[i]["step"] == UPDATES
+               for i in own["state"] for key in ("exp_avg", "exp_avg_sq"))  # fmt: skip
+
+
 def launches_of_a_step(k):
     tensors = [torch.zeros(k, *shape, requires_grad=True) for shape in SHAPES]
     for t in tensors:
