@@ -53,3 +53,29 @@ def test_one_pair_has_no_verdict(tmp_path):
     table, _ = paired(*sets(tmp_path, {1: 75.0}))
     (row,) = table.to_dict("records")
     assert (row["n"], row["difference"], row["verdict"]) == (1, 5.0, "one seed")
+
+
+def test_two_methods_of_one_record_set_are_paired_by_seed_each_at_its_chosen_lr(tmp_path, capsys):
+    """``--methods A B``: each method at the lr of its best mean dev score, B's run of a seed against A's of that
+    seed; a seed one method lacks is left out and said."""
+    for seed, (a, b) in {1: (70.0, 74.0), 2: (72.0, 75.0), 3: (71.0, 76.5)}.items():
+        write_record(tmp_path, method="lora", label="lora", lr=2e-4, seed=seed, dev=80.0, test=a)
+        write_record(
+            tmp_path, method="lora", label="lora", lr=1e-4, seed=seed, dev=60.0, test=99.0
+        )  # the lr dev does not choose
+        write_record(tmp_path, method="loreft", label="loreft", lr=6e-4, seed=seed, dev=81.0, test=b)
+    write_record(tmp_path, method="loreft", label="loreft", lr=6e-4, seed=4, dev=81.0, test=50.0)
+    from fairseq_idpg.results.paired import paired_methods
+
+    table, lonely = paired_methods(read_records([tmp_path]), "lora", "loreft")
+    (row,) = table.to_dict("records")
+    assert (row["n"], row["lr"], row["lr_b"], row["label"]) == (3, 2e-4, 6e-4, "loreft - lora")
+    assert row["mean_a"] == pytest.approx(71.0) and row["difference"] == pytest.approx(4.1666, abs=1e-3)
+    assert row["verdict"] == "differ" and row["p"] < 0.05 and lonely["seed"].tolist() == [4]
+    assert main([str(tmp_path), "--methods", "lora", "loreft"]) == 0
+    out = capsys.readouterr().out
+    assert "| loreft - lora | 0.0002 / 0.0006 | 3 | 71.0 ± 1.0 | 75.2 ± 1.3 | +4.2 ± 1.3 | 0.03 | differ |" in out
+    assert "only in loreft: SST-2 loreft - lora seed 4 (left out)" in out
+    assert main([str(tmp_path), "--methods", "lora", "vera"]) == 2
+    assert capsys.readouterr().err == "paired: error: --methods: no record of vera (the records hold lora, loreft)\n"
+    assert main([str(tmp_path)]) == 2 and "--methods A B" in capsys.readouterr().err

@@ -10,6 +10,14 @@ cell and lr, printed: both ways' reported score (mean +- std over the seeds), th
 (mean +- std), the paired t-test's p (scipy's ``ttest_rel``) and the verdict: "agree" when the mean difference
 is within the seeds' spread (at most the larger of the two ways' std), else "differ"; "one seed" where a cell has
 a single pair (no spread: no verdict). Runs found on one side only are listed and left out.
+
+Two methods of one record set, compared seed by seed (a study's question: does B beat A?):
+
+    python -m fairseq_idpg.results.paired docs/results/standin-baselines2026/records --methods lora loreft
+
+Each method's runs of a task are those of the lr the table reports (``choose_runs``' ``mean-dev``: the best mean
+dev score), and each of A's runs is paired with B's run of the same task, seed and data seed; the rows are as
+above, per task, with B's lr beside A's.
 """
 
 import argparse
@@ -54,6 +62,26 @@ def paired(a: pd.DataFrame, b: pd.DataFrame) -> tuple:
     return pd.DataFrame(rows), lonely[KEY + ["_merge"]]
 
 
+def paired_methods(records: pd.DataFrame, a: str, b: str) -> tuple:
+    """``paired`` of method (label) ``a`` against ``b`` within one record set: per task, each at the lr the table
+    reports (``table.choose_runs``, mean-dev), paired by seed and data seed. The rows' ``label`` is "b - a", their
+    ``lr`` a's and ``lr_b`` b's."""
+    from .table import choose_runs
+
+    missing = [label for label in (a, b) if label not in set(records["label"])]
+    if missing:
+        known = ", ".join(sorted(set(records["label"])))
+        raise RecordsError(f"--methods: no record of {' or '.join(missing)} (the records hold {known})")
+    chosen = choose_runs(records[records["label"].isin([a, b])])
+    sides = [chosen[chosen["label"] == label] for label in (a, b)]
+    lrs = [{task: runs["lr"].iloc[0] for task, runs in side.groupby("task")} for side in sides]
+    # paired by task, seed and data seed, whatever each method's lr
+    table, lonely = paired(*(side.assign(label=f"{b} - {a}", lr=0.0, head_lr=None) for side in sides))
+    if not table.empty:
+        table = table.assign(lr=table["task"].map(lrs[0]), lr_b=table["task"].map(lrs[1]))
+    return table, lonely
+
+
 def markdown(table: pd.DataFrame, names=("A", "B")) -> str:
     a, b = names
     lines = [
@@ -61,8 +89,9 @@ def markdown(table: pd.DataFrame, names=("A", "B")) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in table.itertuples():
+        lr = f"{r.lr:g}" if "lr_b" not in table else f"{r.lr:g} / {r.lr_b:g}"
         lines.append(
-            f"| {r.task} | {r.label} | {r.lr:g} | {r.n} | {r.mean_a:.1f} ± {r.std_a:.1f} | {r.mean_b:.1f} ± "
+            f"| {r.task} | {r.label} | {lr} | {r.n} | {r.mean_a:.1f} ± {r.std_a:.1f} | {r.mean_b:.1f} ± "
             f"{r.std_b:.1f} | {r.difference:+.1f} ± {r.difference_std:.1f} | {r.p:.2f} | {r.verdict} |"
         )
     return "\n".join(lines)
@@ -71,21 +100,31 @@ def markdown(table: pd.DataFrame, names=("A", "B")) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fairseq_idpg.results.paired", description=__doc__.split("\n\n")[0])
     p.add_argument("a", help="a records folder (or run folders' parent): the first way")
-    p.add_argument("b", help="a records folder: the second way")
-    p.add_argument("--names", nargs=2, default=("A", "B"), metavar=("A", "B"), help="the two ways' names")
+    p.add_argument("b", nargs="?", help="a records folder: the second way (none with --methods)")
+    p.add_argument("--names", nargs=2, default=None, metavar=("A", "B"), help="the two ways' names")
+    p.add_argument("--methods", nargs=2, metavar=("A", "B"), help="compare method B with method A in folder a")
     opts = p.parse_args(argv)
+    if (opts.b is None) == (opts.methods is None):
+        print("paired: error: give two records folders, or one and --methods A B", file=sys.stderr)
+        return 2
+    names = opts.names or opts.methods or ("A", "B")
     try:
-        table, lonely = paired(read_records([opts.a]), read_records([opts.b]))
+        if opts.methods:
+            table, lonely = paired_methods(read_records([opts.a]), *opts.methods)
+        else:
+            table, lonely = paired(read_records([opts.a]), read_records([opts.b]))
     except RecordsError as e:
         print(f"paired: error: {e}", file=sys.stderr)
         return 2
     if table.empty:
-        print(f"paired: error: no run of {opts.a} has its pair in {opts.b} (same cell, lr, seed)", file=sys.stderr)
+        where = f"{opts.methods[1]}'s runs in {opts.a}" if opts.methods else opts.b
+        print(f"paired: error: no run has its pair in {where} (same task, seed)", file=sys.stderr)
         return 2
-    print(markdown(table, opts.names))
+    print(markdown(table, names))
     for r in lonely.to_dict("records"):
-        side = opts.names[0] if r["_merge"] == "left_only" else opts.names[1]
-        print(f"only in {side}: {r['task']} {r['label']} lr {r['lr']:g} seed {r['seed']} (left out)")
+        side = names[0] if r["_merge"] == "left_only" else names[1]
+        lr = "" if opts.methods else f" lr {r['lr']:g}"
+        print(f"only in {side}: {r['task']} {r['label']}{lr} seed {r['seed']} (left out)")
     return 0
 
 
